@@ -1,0 +1,94 @@
+"""ArviZ output: the draws of a federated MCMC run, with the statistics of the federated algorithm.
+
+Works with ArviZ 0.x (returns :class:`arviz.InferenceData`) and ArviZ 1.x (returns the
+:class:`xarray.DataTree` built by ``arviz.from_dict``).
+"""
+
+from __future__ import annotations
+
+import arviz as az
+import numpy as np
+import torch
+
+from .kernels.base import FederatedKernel
+from .potential import FederatedPotential
+
+_ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+
+
+def _numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in tensors.items()}
+
+
+def _by_chain(values: dict[str, torch.Tensor], num_chains: int) -> dict[str, np.ndarray]:
+    return {k: v.reshape(num_chains, -1, *v.shape[1:]) for k, v in _numpy(values).items()}
+
+
+def _potential(mcmc) -> FederatedPotential:
+    kernel = mcmc.kernel
+    if not isinstance(kernel, FederatedKernel):
+        raise TypeError(
+            f"to_inference_data needs an MCMC run with a pyro_fed kernel; got {type(kernel).__name__}. "
+            "For Pyro's own kernels use arviz.from_pyro."
+        )
+    if kernel.potential is None:  # chains ran in worker processes: rebuild the model's split here
+        kernel.setup(0, *mcmc._args, **mcmc._kwargs)
+    return kernel.potential
+
+
+def to_inference_data(
+    mcmc,
+    *,
+    log_likelihood: bool = True,
+    posterior_predictive: bool = False,
+    chunk_size: int | None = None,
+    coords: dict | None = None,
+    dims: dict | None = None,
+):
+    """Convert a finished :class:`~pyro.infer.MCMC` run of a pyro_fed kernel to ArviZ data.
+
+    Groups:
+
+    - ``posterior``: the constrained draws of every global latent site;
+    - ``sample_stats``: per draw, ``diverging`` (non-finite step, reverted), ``uploaded_bits``
+      (cumulative bits sent by clients, summed over clients) and the algorithm's own statistics (FALD:
+      ``communicated``, whether the server averaged, and ``dispersion``
+      :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`);
+    - ``log_likelihood``: per datum of the data plate, ``chain × draw × N``, for ``az.loo``/``az.waic``;
+    - ``observed_data``: the observed sites of the plate;
+    - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
+
+    :param mcmc: a :class:`~pyro.infer.MCMC` object after ``run``, whose kernel is a pyro_fed kernel.
+    :param bool log_likelihood: include the pointwise log-likelihood.
+    :param bool posterior_predictive: draw and include posterior predictive replicates.
+    :param int chunk_size: number of draws evaluated at once (memory: ``chunk_size × N``).
+    :param dict coords: extra ArviZ coordinates.
+    :param dict dims: extra ArviZ dimensions per variable (the plate's sites get the plate's name).
+    :returns: :class:`arviz.InferenceData` (ArviZ 0.x) or :class:`xarray.DataTree` (ArviZ 1.x).
+    """
+    potential = _potential(mcmc)
+    samples = mcmc.get_samples(group_by_chain=True)
+    num_chains = next(iter(samples.values())).shape[0]
+    flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
+    groups = {"posterior": _numpy(samples)}
+    stats = [d["sample_stats"] for d in mcmc._diagnostics]
+    groups["sample_stats"] = {
+        ("diverging" if k == "diverging" else k): np.stack([s[k] for s in stats]).astype(
+            bool if k in ("diverging", "communicated", "refreshed") else stats[0][k].dtype
+        )
+        for k in stats[0]
+    }
+    if log_likelihood:
+        groups["log_likelihood"] = _by_chain(
+            potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains
+        )
+    groups["observed_data"] = _numpy(potential.observed_data())
+    if posterior_predictive:
+        groups["posterior_predictive"] = _by_chain(
+            potential.posterior_predictive(flat_draws, chunk_size), num_chains
+        )
+    data_dims = {name: [potential.plate] for name in potential.likelihood_sites}
+    data_dims.update(dims or {})
+    if _ARVIZ_1:
+        return az.from_dict(groups, coords=coords, dims=data_dims)
+    return az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))

@@ -1,0 +1,96 @@
+"""FALD as a Pyro MCMC kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyro.infer.autoguide.initialization import init_to_median
+
+from ..algorithms import fald
+from .base import FederatedKernel, check_probability
+
+
+class FaldKernel(FederatedKernel):
+    r"""Federated Averaging Langevin Dynamics (FALD).
+
+    Each client :math:`i` takes local Langevin steps on :math:`U^i` from its own minibatches; with
+    probability ``comm_prob`` the server averages the client iterates:
+
+    .. math::
+
+        \tilde X^i_{k+1} = X^i_k - \gamma \hat\nabla U^i(X^i_k; S^i_k) + \sqrt{2\gamma}\, Z^i_{k+1},
+        \qquad Z^i = \sqrt{\tau/b}\,\tilde Z + \sqrt{1-\tau}\,\tilde Z^i,
+
+        X^i_{k+1} = \tfrac1b \textstyle\sum_l \tilde X^l_{k+1} \text{ if } B_{k+1} = 1
+        \text{ else } \tilde X^i_{k+1}, \qquad B_{k+1} \sim \mathrm{Ber}(p_c).
+
+    Each :meth:`sample` call is one iteration and returns the client average :math:`\bar X_k`. At
+    consensus the average follows Langevin dynamics with step :math:`\gamma/b` on the full potential
+    :math:`U`, so a centralised SGLD step :math:`h` corresponds to ``step_size = b * h``. With
+    ``comm_prob < 1`` and heterogeneous clients each :math:`X^i` drifts toward its own local posterior
+    between rounds (a bias growing with :math:`\gamma` and heterogeneity); see
+    :class:`~pyro_fed.VrFaldKernel` for the cure.
+
+    **Reference:** Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics: Toward a
+    unified theory and new algorithms*, AISTATS 2023, Section 2.
+
+    :param model: a Pyro model whose likelihood is a plate over data, declared at full size; the model
+        reads its data through the plate's indices (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
+    :param clients: a LongTensor of length ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index
+        tensors (see :mod:`pyro_fed.partition`).
+    :param float step_size: :math:`\gamma > 0`.
+    :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration.
+    :param float noise_corr: :math:`\tau \in [0, 1]`, the correlation of the clients' noises.
+    :param int batch_size: minibatch size :math:`n_i` per client (``None``: full local data).
+    :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
+    :param str plate: the data plate's name, when the model has several plates with observed sites.
+    :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
+
+    Example:
+
+        >>> kernel = FaldKernel(model, clients, step_size=1e-3, batch_size=32)  # doctest: +SKIP
+        >>> mcmc = MCMC(kernel, num_samples=2000, warmup_steps=500)  # doctest: +SKIP
+        >>> mcmc.run(x, y)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        clients,
+        *,
+        step_size: float,
+        comm_prob: float = 1.0,
+        noise_corr: float = 1.0,
+        batch_size: int | None = None,
+        prior_weights="proportional",
+        plate: str | None = None,
+        init_strategy: Callable = init_to_median,
+    ):
+        super().__init__(
+            model,
+            clients,
+            step_size=step_size,
+            batch_size=batch_size,
+            prior_weights=prior_weights,
+            plate=plate,
+            init_strategy=init_strategy,
+        )
+        self.comm_prob = check_probability("comm_prob", comm_prob)
+        self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
+
+    def init_state(self, position):
+        return fald.init(position, self.potential.num_clients)
+
+    def step(self, state, gradients):
+        return fald.step(
+            state,
+            gradients,
+            self.rng,
+            self.network,
+            step_size=self.step_size,
+            comm_prob=self.comm_prob,
+            noise_corr=self.noise_corr,
+        )
+
+    def position(self, state):
+        return fald.position(state)

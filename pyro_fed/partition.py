@@ -1,0 +1,262 @@
+"""
+Client assignments: which client holds which point of the data plate.
+
+An assignment is a ``torch.LongTensor`` of shape ``[N]`` whose entry ``n`` is the id (``0..b-1``) of the
+client holding data point ``n``; every client holds at least one point. The generators below cover the
+settings of the federated sampling literature (i.i.d. splits, Dirichlet label skew, the "80% of label ``y`` to
+clients ``y`` and ``y + 10``" shards) and a user's own site column; :func:`to_index_lists` validates any
+assignment a user passes to a kernel.
+
+Random generators are deterministic for a given ``seed`` and never touch the global torch RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
+    """
+    Splits ``num_data`` points uniformly at random into ``num_clients`` parts of nearly equal size (sizes
+    differ by at most one).
+
+    :param int num_data: number of data points ``N``.
+    :param int num_clients: number of clients ``b``, ``1 <= b <= N``.
+    :param int seed: seed of the random permutation.
+    :returns: client ids, shape ``[N]``.
+    :rtype: torch.LongTensor
+    """
+    if num_data < 1:
+        raise ValueError(f"num_data must be >= 1, got {num_data}")
+    _check_num_clients(num_clients, num_data)
+    perm = torch.randperm(num_data, generator=_generator(seed))
+    clients = torch.empty(num_data, dtype=torch.long)
+    clients[perm] = torch.arange(num_data) % num_clients
+    return clients
+
+
+def dirichlet(labels, num_clients: int, alpha: float, seed: int = 0) -> torch.LongTensor:
+    r"""
+    Label-skewed split: for each label :math:`c`, draws client proportions
+    :math:`\pi_c \sim \mathrm{Dirichlet}(\alpha \mathbf{1}_b)` and splits the shuffled points of label
+    :math:`c` among the clients in those proportions. Small ``alpha`` gives each label to few clients (very
+    heterogeneous clients); large ``alpha`` approaches an i.i.d. split. Clients left empty then receive one
+    point each from the currently largest client.
+
+    **References**
+
+    [1] T.-M. H. Hsu, H. Qi, M. Brown (2019), "Measuring the Effects of Non-Identical Data Distribution for
+        Federated Visual Classification", arXiv:1909.06335.
+
+    :param labels: 1-D tensor or sequence of labels, one per data point (any values; e.g. the observed
+        ``y`` of a classifier).
+    :param int num_clients: number of clients ``b``, ``1 <= b <= N``.
+    :param float alpha: Dirichlet concentration, ``> 0``.
+    :param int seed: seed of the shuffles and proportions.
+    :returns: client ids, shape ``[N]``.
+    :rtype: torch.LongTensor
+    """
+    codes, num_labels = _codes(labels, "labels")
+    _check_num_clients(num_clients, len(codes))
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    generator = _generator(seed)
+    concentration = torch.full((num_clients,), float(alpha), dtype=torch.float64)
+    clients = torch.empty(len(codes), dtype=torch.long)
+    for c in range(num_labels):
+        points = _shuffled_points(codes, c, generator)
+        # Dirichlet.sample() takes no generator; this is the op behind it.
+        proportions = torch._sample_dirichlet(concentration, generator=generator)
+        boundaries = (proportions.cumsum(0)[:-1] * len(points)).long()
+        clients[points] = torch.bucketize(torch.arange(len(points)), boundaries, right=True)
+    return _fill_empty_clients(clients, num_clients)
+
+
+def shards(labels, num_clients: int, major: float = 0.8, seed: int = 0) -> torch.LongTensor:
+    """
+    The label-skewed split of the federated Langevin papers: with ``C`` distinct labels, a fraction
+    ``major`` of the points of label ``c`` goes, split evenly, to the clients ``c, c + C, c + 2C, ...`` below
+    ``num_clients`` (for 10 labels and 20 clients: clients ``c`` and ``c + 10``); the remaining points of all
+    labels are spread evenly over all clients. Clients left empty then receive one point each from the
+    currently largest client.
+
+    **References**
+
+    [1] V. Plassier, A. Durmus, E. Moulines et al. (2023), "Federated Averaging Langevin Dynamics: Toward a
+        unified theory and new algorithms", AISTATS (arXiv:2211.00100).
+
+    :param labels: 1-D tensor or sequence of labels, one per data point.
+    :param int num_clients: number of clients ``b``, ``C <= b <= N``.
+    :param float major: fraction of each label given to its own clients, ``0 <= major <= 1``.
+    :param int seed: seed of the shuffles.
+    :returns: client ids, shape ``[N]``.
+    :rtype: torch.LongTensor
+    """
+    codes, num_labels = _codes(labels, "labels")
+    _check_num_clients(num_clients, len(codes))
+    if num_clients < num_labels:
+        raise ValueError(
+            f"num_clients={num_clients} is smaller than the number of distinct labels ({num_labels}); "
+            "shards needs at least one client per label"
+        )
+    if not 0 <= major <= 1:
+        raise ValueError(f"major must be in [0, 1], got {major}")
+    generator = _generator(seed)
+    clients = torch.empty(len(codes), dtype=torch.long)
+    rest = []
+    for c in range(num_labels):
+        points = _shuffled_points(codes, c, generator)
+        num_major = int(major * len(points))
+        own_clients = torch.arange(c, num_clients, num_labels)
+        clients[points[:num_major]] = own_clients[torch.arange(num_major) % len(own_clients)]
+        rest.append(points[num_major:])
+    rest = torch.cat(rest)
+    rest = rest[torch.randperm(len(rest), generator=generator)]
+    clients[rest] = torch.arange(len(rest)) % num_clients
+    return _fill_empty_clients(clients, num_clients)
+
+
+def by_group(groups) -> torch.LongTensor:
+    """
+    One client per distinct group label (e.g. a hospital or site column): the distinct values of ``groups``,
+    in sorted order, become clients ``0..b-1``.
+
+    :param groups: 1-D tensor, or sequence of hashable and mutually comparable labels, one per data point.
+    :returns: client ids, shape ``[N]``.
+    :rtype: torch.LongTensor
+    """
+    return _codes(groups, "groups")[0]
+
+
+def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTensor]:
+    """
+    Validates a user's ``clients`` argument and converts it to one index tensor per client.
+
+    :param clients: either client ids (a 1-D integer tensor or a sequence of ints of length ``N`` with
+        values ``0..b-1``, every client non-empty), or a sequence of ``b`` non-empty 1-D integer index
+        tensors, pairwise disjoint.
+    :param num_data: number of points ``N`` of the data plate, if known; then the ids must have length
+        ``N`` and the index tensors must cover ``0..N-1``.
+    :type num_data: int or None
+    :returns: the ``b`` sorted index tensors.
+    :rtype: list[torch.LongTensor]
+    """
+    if isinstance(clients, torch.Tensor):
+        return _from_ids(clients, num_data)
+    if len(clients) == 0:
+        raise ValueError("clients is empty; give one client id per data point or one index tensor per client")
+    if _is_vector(clients[0]):
+        return _from_index_lists([torch.as_tensor(part) for part in clients], num_data)
+    return _from_ids(torch.as_tensor(clients), num_data)
+
+
+def _from_ids(ids: torch.Tensor, num_data: int | None) -> list[torch.LongTensor]:
+    if ids.dim() != 1 or len(ids) == 0:
+        raise ValueError(
+            f"clients must be a non-empty 1-D tensor of client ids, got shape {tuple(ids.shape)}"
+        )
+    if not _is_integer(ids):
+        raise ValueError(f"clients must hold integer client ids, got dtype {ids.dtype}; convert with .long()")
+    if num_data is not None and len(ids) != num_data:
+        raise ValueError(
+            f"clients has length {len(ids)} but the data plate has {num_data} points; "
+            "give one client id per data point"
+        )
+    if ids.min() < 0:
+        raise ValueError(
+            f"clients has the negative id {int(ids.min())}; ids must be 0..b-1 and every client non-empty"
+        )
+    counts = torch.bincount(ids.long())
+    if (counts == 0).any():
+        client = int((counts == 0).nonzero()[0])
+        raise ValueError(f"client {client} has no data points; ids must be 0..b-1 and every client non-empty")
+    order = torch.argsort(ids, stable=True)
+    return list(order.split(counts.tolist()))
+
+
+def _from_index_lists(parts: list[torch.Tensor], num_data: int | None) -> list[torch.LongTensor]:
+    for i, part in enumerate(parts):
+        if part.numel() == 0:
+            raise ValueError(f"clients[{i}] is empty; every client needs at least one data point")
+        if part.dim() != 1 or not _is_integer(part):
+            raise ValueError(
+                f"clients[{i}] must be a 1-D tensor of integer indices, "
+                f"got shape {tuple(part.shape)} and dtype {part.dtype}"
+            )
+        if part.min() < 0 or (num_data is not None and part.max() >= num_data):
+            bad = int(part.min()) if part.min() < 0 else int(part.max())
+            size = "" if num_data is None else f" of {num_data} points"
+            raise ValueError(f"clients[{i}] has the index {bad}, out of range for the data plate{size}")
+    counts = torch.bincount(torch.cat(parts).long(), minlength=num_data or 0)
+    if (counts > 1).any():
+        point = int((counts > 1).nonzero()[0])
+        raise ValueError(
+            f"data point {point} is in more than one client's index list; the index tensors in clients "
+            "must be disjoint"
+        )
+    if num_data is not None and (counts == 0).any():
+        point = int((counts == 0).nonzero()[0])
+        raise ValueError(
+            f"data point {point} is in no client's index list; the index tensors in clients must cover "
+            f"all {num_data} points of the data plate"
+        )
+    return [part.long().sort().values for part in parts]
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _check_num_clients(num_clients: int, num_data: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if num_clients > num_data:
+        raise ValueError(
+            f"num_clients={num_clients} exceeds the number of data points ({num_data}); "
+            "every client needs at least one point"
+        )
+
+
+def _codes(values, name: str) -> tuple[torch.LongTensor, int]:
+    """Maps the distinct values of a 1-D sequence, in sorted order, to ``0..k-1``; returns codes and ``k``."""
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or len(values) == 0:
+            raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(values.shape)}")
+        distinct, codes = torch.unique(values, sorted=True, return_inverse=True)
+        return codes, len(distinct)
+    values = list(values)
+    if not values:
+        raise ValueError(f"{name} is empty; give one label per data point")
+    try:
+        distinct = sorted(set(values))
+    except TypeError as e:
+        raise ValueError(f"{name} must be a 1-D sequence of hashable, mutually comparable labels") from e
+    code = {value: i for i, value in enumerate(distinct)}
+    return torch.tensor([code[value] for value in values], dtype=torch.long), len(distinct)
+
+
+def _shuffled_points(codes: torch.Tensor, label: int, generator: torch.Generator) -> torch.LongTensor:
+    points = (codes == label).nonzero().squeeze(-1)
+    return points[torch.randperm(len(points), generator=generator)]
+
+
+def _fill_empty_clients(clients: torch.LongTensor, num_clients: int) -> torch.LongTensor:
+    # Each empty client takes the first point of the currently largest one, which has >= 2 points because
+    # num_clients <= N.
+    counts = torch.bincount(clients, minlength=num_clients)
+    for client in (counts == 0).nonzero().squeeze(-1).tolist():
+        largest = int(counts.argmax())
+        clients[(clients == largest).nonzero()[0]] = client
+        counts[largest] -= 1
+        counts[client] += 1
+    return clients
+
+
+def _is_integer(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _is_vector(x) -> bool:
+    return isinstance(x, Sequence) or getattr(x, "ndim", 0) == 1
