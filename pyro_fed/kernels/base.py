@@ -49,6 +49,8 @@ class FederatedKernel(MCMCKernel):
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
     :param init_strategy: a Pyro init strategy (default: the prior median).
+    :param bool trace_gradients: trace the batched model gradient into a tensor graph once per shape
+        (faster); ``False`` evaluates the Pyro model eagerly at every iteration.
     """
 
     def __init__(
@@ -61,8 +63,10 @@ class FederatedKernel(MCMCKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
+        trace_gradients: bool = True,
     ):
         self.model = model
+        self.trace_gradients = trace_gradients
         self.clients = clients
         self.step_size = check_positive("step_size", step_size)
         if batch_size is not None and (
@@ -103,6 +107,7 @@ class FederatedKernel(MCMCKernel):
             plate=self.plate,
             prior_weights=self.prior_weights,
             init_strategy=self.init_strategy,
+            trace_gradients=self.trace_gradients,
         )
         pot = self.potential
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible

@@ -45,6 +45,8 @@ class FaldKernel(FederatedKernel):
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
     :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
+    :param bool trace_gradients: trace the batched model gradient once per shape (faster; see
+        :class:`~pyro_fed.FederatedPotential`).
 
     Example:
 
@@ -65,6 +67,7 @@ class FaldKernel(FederatedKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
+        trace_gradients: bool = True,
     ):
         super().__init__(
             model,
@@ -74,6 +77,7 @@ class FaldKernel(FederatedKernel):
             prior_weights=prior_weights,
             plate=plate,
             init_strategy=init_strategy,
+            trace_gradients=trace_gradients,
         )
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)

@@ -1,0 +1,39 @@
+"""Small Pyro models shared by the tests."""
+
+import pyro
+import pyro.distributions as dist
+import torch
+
+
+def logistic_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0))
+
+
+def scaled_regression(x, y=None):
+    """Linear regression with a constrained (HalfNormal) noise scale: transforms and Jacobians count."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, sigma), obs=y[idx])
+
+
+def gaussian_regression(noise_sd):
+    """Conjugate linear-Gaussian regression with prior N(0, I): the posterior is Gaussian."""
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample(
+                "y", dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd), obs=pyro.subsample(y, event_dim=0)
+            )
+
+    return model
+
+
+def regression_data(num_data=40, dim=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_data, dim, generator=g)
+    y = x @ torch.linspace(-1.0, 1.0, dim) + 0.5 * torch.randn(num_data, generator=g)
+    return x, y

@@ -1,0 +1,217 @@
+import itertools
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer.mcmc.util import initialize_model
+
+from pyro_fed.potential import FederatedPotential
+
+from .models import logistic_model, regression_data, scaled_regression
+
+CLIENTS = torch.tensor([0, 1, 2, 0, 0, 1, 2, 2, 2, 2] * 4)  # unequal sizes 12, 8, 20
+
+
+def pooled_potential(model, args):
+    _, potential_fn, _, _ = initialize_model(model, model_args=args)
+    return potential_fn
+
+
+@pytest.mark.parametrize("prior_weights", ["proportional", "uniform", torch.tensor([0.5, 0.2, 0.3])])
+def test_client_potentials_sum_to_full_potential(prior_weights):
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, prior_weights=prior_weights)
+    reference = pooled_potential(scaled_regression, (x, y))
+    assert pot.dim == 4 and pot.num_clients == 3
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        point = torch.randn(pot.dim, generator=g)
+        expected = reference(pot.unconstrained_params(point))
+        # float64: the split must be exact up to rounding
+        torch.testing.assert_close(pot.potential(point), expected, rtol=1e-12, atol=1e-10)
+        x_ = point.clone().requires_grad_()
+        expected_grad = torch.autograd.grad(reference(pot.unconstrained_params(x_)), x_)[0]
+        torch.testing.assert_close(pot.full_client_grads(point).sum(0), expected_grad, rtol=1e-12, atol=1e-10)
+
+
+def test_prior_share_follows_weights():
+    x, y = regression_data(len(CLIENTS))
+    weights = torch.tensor([0.5, 0.2, 0.3])
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, prior_weights=weights)
+    point = torch.randn(pot.dim)
+    empty = pot.batches([torch.zeros(1, dtype=torch.long)] * 3)._replace(datum_weights=torch.zeros(3, 1))
+    prior_only = pot.client_grads(point.expand(3, -1), empty)
+    torch.testing.assert_close(prior_only / weights[:, None], (prior_only[0] / weights[0]).expand(3, -1))
+
+
+def test_minibatch_gradient_is_unbiased_by_enumeration():
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    points = torch.randn(3, pot.dim)
+    full = pot.client_grads(points, pot.full_batches)
+    # client 1 (8 points), every subset of size 2: the average of the estimates is the exact gradient
+    own = pot.client_indices[1]
+    estimates = []
+    for subset in itertools.combinations(range(len(own)), 2):
+        indices = [ix[:2] for ix in pot.client_indices]
+        indices[1] = own[list(subset)]
+        estimates.append(pot.client_grads(points, pot.batches(indices))[1])
+    torch.testing.assert_close(torch.stack(estimates).mean(0), full[1], rtol=1e-12, atol=1e-10)
+
+
+def test_gradients_at_several_points_per_client():
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    points = torch.randn(2, 3, pot.dim)
+    both = pot.client_grads(points, pot.full_batches)
+    for m in range(2):
+        torch.testing.assert_close(both[m], pot.client_grads(points[m], pot.full_batches))
+
+
+def test_traced_gradients_equal_eager():
+    x, y = regression_data(len(CLIENTS))
+    traced = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, trace_gradients=False)
+    for seed in range(3):  # new inputs through the same traced graph
+        points = torch.randn(3, traced.dim, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(
+            traced.client_grads(points, traced.full_batches), eager.client_grads(points, eager.full_batches)
+        )
+
+
+def test_plate_with_index_variable_and_two_observed_sites():
+    def model(x, y, z):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("rows", x.shape[0]) as idx:
+            pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+            pyro.sample("z", dist.Poisson((x[idx] @ w).exp()), obs=z[idx])
+
+    x = torch.randn(12, 2)
+    args = (x, torch.randn(12), torch.poisson(torch.ones(12)))
+    pot = FederatedPotential(model, args, clients=torch.arange(12) % 3)
+    assert pot.likelihood_sites == ["y", "z"]
+    point = torch.randn(2)
+    torch.testing.assert_close(pot.potential(point), pooled_potential(model, args)({"w": point}))
+
+
+def test_pointwise_log_likelihood_and_observed_data():
+    x, y = regression_data(20)
+    pot = FederatedPotential(logistic_model, (x, (y > 0).double()), clients=torch.arange(20) % 2)
+    draws = {"w": torch.randn(5, 3)}
+    loglik = pot.pointwise_log_likelihood(draws)["y"]
+    assert loglik.shape == (5, 20)
+    expected = dist.Bernoulli(logits=draws["w"] @ x.T).log_prob((y > 0).double())
+    torch.testing.assert_close(loglik, expected)
+    torch.testing.assert_close(pot.observed_data()["y"], (y > 0).double())
+
+
+def test_posterior_predictive_draws_from_the_model():
+    x, y = regression_data(200)
+    pot = FederatedPotential(logistic_model, (x, (y > 0).double()), clients=torch.arange(200) % 4)
+    pyro.set_rng_seed(0)
+    draws = {"w": torch.zeros(400, 3)}  # logits 0: replicates are fair coins
+    replicates = pot.posterior_predictive(draws)["y"]
+    assert replicates.shape == (400, 200)
+    assert set(replicates.unique().tolist()) == {0.0, 1.0}
+    # 80000 fair coins: the mean has sd 0.0018; 5 sd
+    assert abs(replicates.mean().item() - 0.5) < 0.009
+    # replicates differ between draws (vmap with independent randomness)
+    assert not torch.equal(replicates[0], replicates[1])
+
+
+# ------------------------------------------------------------------ errors
+def _build(model, args, clients=None, **kwargs):
+    n = args[0].shape[0]
+    return FederatedPotential(model, args, clients=torch.arange(n) % 2 if clients is None else clients, **kwargs)
+
+
+def _prior():
+    return pyro.sample("w", dist.Normal(0.0, 1.0))
+
+
+def test_error_no_plate_with_observations():
+    def model(x):
+        w = _prior()
+        pyro.sample("y", dist.Normal(w, 1.0).expand([x.shape[0]]).to_event(1), obs=x)
+
+    with pytest.raises(ValueError, match="no plate containing observed sites"):
+        _build(model, (torch.randn(6),))
+
+
+def test_error_several_plates_without_name_and_wrong_name():
+    def model(x):
+        w = _prior()
+        with pyro.plate("a", 6):
+            pyro.sample("y", dist.Normal(w, 1.0), obs=pyro.subsample(x, event_dim=0))
+        with pyro.plate("b", 6):
+            pyro.sample("z", dist.Normal(w, 1.0), obs=pyro.subsample(x, event_dim=0))
+
+    with pytest.raises(ValueError, match=r"several plates containing observed sites: \['a', 'b'\].*plate='name'"):
+        _build(model, (torch.randn(6),))
+    with pytest.raises(ValueError, match=r"plate='c': the model has no plate of that name"):
+        _build(model, (torch.randn(6),), plate="c")
+    assert _build(model, (torch.randn(6),), plate="b").likelihood_sites == ["z"]
+
+
+def test_error_plate_with_subsample_size():
+    def model(x):
+        w = _prior()
+        with pyro.plate("data", 6, subsample_size=2):
+            pyro.sample("y", dist.Normal(w, 1.0), obs=pyro.subsample(x, event_dim=0))
+
+    with pytest.raises(ValueError, match="declared with subsample_size"):
+        _build(model, (torch.randn(6),))
+
+
+def test_error_latent_inside_plate():
+    def model(x):
+        w = _prior()
+        with pyro.plate("data", 6):
+            z = pyro.sample("z", dist.Normal(w, 1.0))
+            pyro.sample("y", dist.Normal(z, 1.0), obs=pyro.subsample(x, event_dim=0))
+
+    with pytest.raises(ValueError, match="'z' is a latent variable inside the data plate 'data'"):
+        _build(model, (torch.randn(6),))
+
+
+def test_error_discrete_latent():
+    def model(x):
+        k = pyro.sample("k", dist.Bernoulli(0.5))
+        with pyro.plate("data", 6):
+            pyro.sample("y", dist.Normal(k, 1.0), obs=pyro.subsample(x, event_dim=0))
+
+    with pytest.raises(ValueError, match="'k' is a discrete latent variable"):
+        _build(model, (torch.randn(6),))
+
+
+def test_error_model_ignores_plate_indices():
+    def model(x):
+        w = _prior()
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w, 1.0), obs=x)  # the whole data, not the subsample
+
+    with pytest.raises(ValueError, match="does not follow the indices of plate 'data'.*pyro.subsample"):
+        _build(model, (torch.randn(6),))
+
+
+@pytest.mark.parametrize(
+    "clients, match",
+    [
+        (torch.zeros(5, dtype=torch.long), "clients has length 5 but the data plate has 6 points"),
+        (torch.tensor([0, 0, 2, 2, 0, 2]), "client 1 has no data points"),
+        (torch.tensor([0, 1, 0, 1, 0, -1]), "clients"),
+    ],
+)
+def test_error_bad_clients(clients, match):
+    x, y = regression_data(6)
+    with pytest.raises(ValueError, match=match):
+        _build(logistic_model, (x, (y > 0).double()), clients=clients)
+
+
+def test_error_bad_prior_weights():
+    x, y = regression_data(6)
+    with pytest.raises(ValueError, match="prior_weights='equal'"):
+        _build(logistic_model, (x, y), prior_weights="equal")
+    with pytest.raises(ValueError, match="prior_weights must be a tensor of 2 non-negative weights summing to 1"):
+        _build(logistic_model, (x, y), prior_weights=torch.tensor([0.5, 0.6]))
