@@ -219,7 +219,9 @@ class FederatedPotential:
             site = trace.nodes[name]
             fn, value = site["fn"], site["value"]
             value_batch = value.shape[: value.dim() - len(fn.event_shape)]
-            if not all(len(s) >= -self.plate_dim and s[self.plate_dim] == n for s in (fn.batch_shape, value_batch)):
+            if not all(
+                len(s) >= -self.plate_dim and s[self.plate_dim] == n for s in (fn.batch_shape, value_batch)
+            ):
                 raise ValueError(
                     f"Observed site {name!r} does not follow the indices of plate {self.plate!r}: with a "
                     f"subsample of {n} indices its distribution has batch shape {tuple(fn.batch_shape)} and "
@@ -249,7 +251,9 @@ class FederatedPotential:
 
     @property
     def transforms(self) -> dict[str, torch.distributions.Transform]:
-        return {s.name: s.transform for s in self.latent_sites}
+        """Pyro's convention (as :func:`~pyro.infer.mcmc.util.initialize_model`): constrained ->
+        unconstrained, so that ``MCMC`` maps draws back with ``transforms[name].inv``."""
+        return {s.name: s.transform.inv for s in self.latent_sites}
 
     @property
     def initial_flat(self) -> torch.Tensor:

@@ -8,7 +8,9 @@ import torch
 def logistic_model(x, y=None):
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
     with pyro.plate("data", x.shape[0]):
-        pyro.sample("y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0))
+        pyro.sample(
+            "y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0)
+        )
 
 
 def scaled_regression(x, y=None):
@@ -26,7 +28,9 @@ def gaussian_regression(noise_sd):
         w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
         with pyro.plate("data", x.shape[0]):
             pyro.sample(
-                "y", dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd), obs=pyro.subsample(y, event_dim=0)
+                "y",
+                dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd),
+                obs=pyro.subsample(y, event_dim=0),
             )
 
     return model

@@ -142,7 +142,11 @@ def test_to_index_lists_from_index_lists():
                 "clients has length 90 but the data plate has 100 points; give one client id per data point"
             ),
         ),
-        (torch.zeros(4, dtype=torch.float32), None, r"clients must hold integer client ids, got dtype torch\.float32"),
+        (
+            torch.zeros(4, dtype=torch.float32),
+            None,
+            r"clients must hold integer client ids, got dtype torch\.float32",
+        ),
         ([True, False], None, r"clients must hold integer client ids, got dtype torch\.bool"),
         (torch.tensor([0, -1, 1]), None, r"clients has the negative id -1; ids must be 0\.\.b-1"),
         (

@@ -123,7 +123,9 @@ def test_posterior_predictive_draws_from_the_model():
 # ------------------------------------------------------------------ errors
 def _build(model, args, clients=None, **kwargs):
     n = args[0].shape[0]
-    return FederatedPotential(model, args, clients=torch.arange(n) % 2 if clients is None else clients, **kwargs)
+    return FederatedPotential(
+        model, args, clients=torch.arange(n) % 2 if clients is None else clients, **kwargs
+    )
 
 
 def _prior():
@@ -147,7 +149,9 @@ def test_error_several_plates_without_name_and_wrong_name():
         with pyro.plate("b", 6):
             pyro.sample("z", dist.Normal(w, 1.0), obs=pyro.subsample(x, event_dim=0))
 
-    with pytest.raises(ValueError, match=r"several plates containing observed sites: \['a', 'b'\].*plate='name'"):
+    with pytest.raises(
+        ValueError, match=r"several plates containing observed sites: \['a', 'b'\].*plate='name'"
+    ):
         _build(model, (torch.randn(6),))
     with pytest.raises(ValueError, match=r"plate='c': the model has no plate of that name"):
         _build(model, (torch.randn(6),), plate="c")
@@ -213,5 +217,7 @@ def test_error_bad_prior_weights():
     x, y = regression_data(6)
     with pytest.raises(ValueError, match="prior_weights='equal'"):
         _build(logistic_model, (x, y), prior_weights="equal")
-    with pytest.raises(ValueError, match="prior_weights must be a tensor of 2 non-negative weights summing to 1"):
+    with pytest.raises(
+        ValueError, match="prior_weights must be a tensor of 2 non-negative weights summing to 1"
+    ):
         _build(logistic_model, (x, y), prior_weights=torch.tensor([0.5, 0.6]))

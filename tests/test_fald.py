@@ -1,0 +1,186 @@
+"""FaldKernel: exact stationary law on a Gaussian target, SGLD limit, reproducibility, Pyro integration."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import FaldKernel
+from pyro_fed.testing import (
+    covariance_standard_error,
+    gaussian_regression_posterior,
+    mean_standard_error,
+    stationary_moments,
+)
+
+from .models import gaussian_regression, logistic_model, regression_data
+
+NOISE_SD = 0.5
+Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+
+
+def heterogeneous_problem(num_data=40, num_clients=4):
+    x, y = regression_data(num_data)
+    # clients own contiguous ranges of the first feature: their local posteriors differ
+    clients = torch.empty(num_data, dtype=torch.long)
+    clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
+    return x, y, clients
+
+
+def run(kernel, args, num_samples, warmup=200, **kwargs):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True, **kwargs)
+    mcmc.run(*args)
+    return mcmc
+
+
+def check_against_linear_recursion(draws, transition, offset, noise_cov, expected_cov=None):
+    """Sample mean and covariance against the exact stationary law, with exact standard errors."""
+    mean, cov = stationary_moments(transition, offset, noise_cov)
+    k = draws.shape[0]
+    mean_tol = Z * mean_standard_error(transition, cov, k)
+    cov_tol = Z * covariance_standard_error(transition, cov, k)
+    assert ((draws.mean(0) - mean).abs() <= mean_tol).all(), (draws.mean(0), mean, mean_tol)
+    target = cov if expected_cov is None else expected_cov
+    assert ((draws.T.cov() - target).abs() <= cov_tol).all(), (draws.T.cov(), target, cov_tol)
+    return cov, cov_tol
+
+
+@pytest.mark.slow
+def test_fald_full_batch_matches_exact_discretised_law():
+    # comm_prob = 1, full local batches: every iteration ends at consensus, and the average follows
+    # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (ALGORITHMS.md §1): a Gaussian AR(1).
+    x, y, clients = heterogeneous_problem()
+    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
+    b, h = 4, 0.5 / torch.linalg.eigvalsh(precision).max().item()
+    kernel = FaldKernel(
+        gaussian_regression(NOISE_SD), clients, step_size=b * h, comm_prob=1.0, noise_corr=0.3
+    )
+    draws = run(kernel, (x, y), num_samples=20000).get_samples()["w"]
+    transition = torch.eye(3) - h * precision
+    cov, cov_tol = check_against_linear_recursion(
+        draws, transition, h * precision @ mean, 2 * h * torch.eye(3)
+    )
+    # the test has power: at this step the discretised law is measurably not the posterior
+    assert ((cov - torch.linalg.inv(precision)).abs() > cov_tol).any()
+
+
+@pytest.mark.slow
+def test_fald_small_step_matches_exact_posterior():
+    x, y, clients = heterogeneous_problem()
+    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
+    b, h = 4, 0.05 / torch.linalg.eigvalsh(precision).max().item()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, step_size=b * h, comm_prob=1.0)
+    draws = run(kernel, (x, y), num_samples=30000, warmup=2000).get_samples()["w"]
+    transition = torch.eye(3) - h * precision
+    disc_mean, disc_cov = stationary_moments(transition, h * precision @ mean, 2 * h * torch.eye(3))
+    posterior_cov = torch.linalg.inv(precision)
+    # tolerance: Monte Carlo error plus the known discretisation bias (here at most 2.6% of a variance)
+    bias = (disc_cov - posterior_cov).abs()
+    assert ((draws.mean(0) - mean).abs() <= Z * mean_standard_error(transition, disc_cov, len(draws))).all()
+    assert (
+        (draws.T.cov() - posterior_cov).abs()
+        <= bias + Z * covariance_standard_error(transition, disc_cov, len(draws))
+    ).all()
+
+
+@pytest.mark.parametrize("noise_corr", [0.0, 0.5, 1.0])
+def test_single_client_fald_is_ula(noise_corr):
+    # b = 1, comm_prob = 1: one transition from a fixed point is N(x - step * grad U(x), 2 step I)
+    x, y = regression_data(30)
+    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
+    step = 0.3 / torch.linalg.eigvalsh(precision).max().item()
+    kernel = FaldKernel(
+        gaussian_regression(NOISE_SD),
+        torch.zeros(30, dtype=torch.long),
+        step_size=step,
+        noise_corr=noise_corr,
+    )
+    pyro.set_rng_seed(0)
+    kernel.setup(0, x, y)
+    start = kernel._state
+    point = start.clients[0]
+    moves = []
+    for _ in range(4000):
+        kernel._state = start
+        moves.append(kernel.potential.flatten(kernel.sample(None)))
+    moves = torch.stack(moves)
+    expected = point - step * precision @ (point - mean)
+    sd = math.sqrt(2 * step)
+    # independent draws: mean error sd / sqrt(4000); variance error 2 sd^2 sqrt(2 / 4000)
+    assert ((moves.mean(0) - expected).abs() <= Z * sd / math.sqrt(4000)).all()
+    torch.testing.assert_close(
+        moves.T.cov(), sd**2 * torch.eye(3), atol=Z * sd**2 * math.sqrt(2 / 4000), rtol=0
+    )
+
+
+def test_reproducible_with_pyro_seed_and_multichain():
+    x, y = regression_data(40)
+    labels = (y > 0).double()
+
+    def draws(num_chains):
+        pyro.set_rng_seed(7)
+        kernel = FaldKernel(logistic_model, torch.arange(40) % 4, step_size=0.02, comm_prob=0.3, batch_size=5)
+        return run(kernel, (x, labels), num_samples=50, warmup=10, num_chains=num_chains)
+
+    first, second = draws(1), draws(1)
+    assert torch.equal(first.get_samples()["w"], second.get_samples()["w"])
+    multi = draws(2)
+    chains = multi.get_samples(group_by_chain=True)["w"]
+    assert chains.shape == (2, 50, 3)
+    assert not torch.equal(chains[0], chains[1])
+    diagnostics = multi.diagnostics()
+    assert set(diagnostics["divergences"]) == {"chain 0", "chain 1"}
+
+
+def test_communication_rounds_and_bits():
+    x, y = regression_data(40)
+    kernel = FaldKernel(logistic_model, torch.arange(40) % 4, step_size=0.02, comm_prob=0.25, batch_size=5)
+    mcmc = run(kernel, (x, (y > 0).double()), num_samples=400, warmup=0)
+    stats = kernel.sample_stats()
+    rounds = int(stats["communicated"].sum())
+    assert kernel.network.rounds == rounds
+    # 400 coins of probability 1/4: mean 100, sd 8.7
+    assert 100 - 5 * 8.7 < rounds < 100 + 5 * 8.7
+    # each round: 4 clients upload d = 3 floats of 32 bits
+    assert stats["uploaded_bits"][-1] == rounds * 4 * 3 * 32
+    assert (stats["dispersion"][stats["communicated"].astype(bool)] < 1e-20).all()
+    assert (stats["dispersion"][~stats["communicated"].astype(bool)] > 0).all()
+    assert kernel.logging()["rounds"] == rounds
+    assert mcmc.diagnostics()["communication rounds"] == {"chain 0": rounds}
+
+
+def test_non_finite_steps_are_reverted_and_counted():
+    x, y = regression_data(40)
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), torch.arange(40) % 4, step_size=50.0)
+    mcmc = run(kernel, (x, y), num_samples=300, warmup=0)
+    draws = mcmc.get_samples()["w"]
+    assert torch.isfinite(draws).all()
+    divergences = mcmc.diagnostics()["divergences"]["chain 0"]
+    assert len(divergences) > 0 and divergences == sorted(divergences)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"step_size": 0.0}, "step_size must be a positive number"),
+        ({"step_size": -1e-3}, "step_size must be a positive number"),
+        ({"step_size": 1e-3, "comm_prob": 0.0}, r"comm_prob must be a number in \(0, 1\]"),
+        ({"step_size": 1e-3, "comm_prob": 1.5}, r"comm_prob must be a number in \(0, 1\]"),
+        ({"step_size": 1e-3, "noise_corr": -0.1}, r"noise_corr must be a number in \[0, 1\]"),
+        ({"step_size": 1e-3, "noise_corr": 2}, r"noise_corr must be a number in \[0, 1\]"),
+        ({"step_size": 1e-3, "batch_size": 0}, "batch_size must be a positive integer or None"),
+        ({"step_size": 1e-3, "batch_size": 2.5}, "batch_size must be a positive integer or None"),
+    ],
+)
+def test_bad_hyper_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FaldKernel(logistic_model, torch.arange(10) % 2, **kwargs)
+
+
+def test_bad_clients_reported_at_setup():
+    x, y = regression_data(10)
+    kernel = FaldKernel(logistic_model, torch.arange(9) % 2, step_size=1e-3)
+    with pytest.raises(ValueError, match="clients has length 9 but the data plate has 10 points"):
+        run(kernel, (x, (y > 0).double()), num_samples=5)
