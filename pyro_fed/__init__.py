@@ -1,8 +1,8 @@
 """pyro_fed: federated Langevin samplers as Pyro MCMC kernels, with ArviZ output."""
 
-from . import datasets, partition
+from . import datasets, partition, testing
 from .arviz import to_inference_data
-from .kernels import FaldKernel, FederatedKernel
+from .kernels import FaldKernel, FederatedKernel, VrFaldKernel
 from .potential import FederatedPotential
 
 __all__ = [
@@ -11,6 +11,8 @@ __all__ = [
     "FederatedPotential",
     "datasets",
     "partition",
+    "testing",
     "to_inference_data",
+    "VrFaldKernel",
 ]
 __version__ = "0.1.0"

@@ -9,6 +9,12 @@ noise.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pyro
+import pyro.distributions as dist
 import torch
 
 
@@ -52,15 +58,28 @@ def autocovariances(transition: torch.Tensor, covariance: torch.Tensor, tol: flo
     return torch.stack(lags)
 
 
-def mean_standard_error(transition: torch.Tensor, covariance: torch.Tensor, num_draws: int) -> torch.Tensor:
-    r"""Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws.
+def long_run_covariance(transition: torch.Tensor, covariance: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_{l \in \mathbb Z} \Gamma_l = (I - A)^{-1} S + S (I - A)^{-\top} - S` for stationary
+    autocovariances :math:`\Gamma_l = A^l S` (:math:`l \ge 0`), :math:`\Gamma_{-l} = \Gamma_l^\top`."""
+    eye = torch.eye(transition.shape[0], dtype=transition.dtype)
+    forward = torch.linalg.solve(eye - transition, covariance)
+    return forward + forward.T - covariance
 
-    Uses the long-run covariance :math:`\sum_{l \in \mathbb Z} \Gamma_l = \Gamma_0 + \sum_{l>0}
-    (\Gamma_l + \Gamma_l^\top)` (the effective sample size made exact).
-    """
-    gammas = autocovariances(transition, covariance)
-    long_run = gammas[0] + (gammas[1:] + gammas[1:].transpose(-1, -2)).sum(0)
-    return (long_run.diagonal() / num_draws).sqrt()
+
+def mean_standard_error(transition: torch.Tensor, covariance: torch.Tensor, num_draws: int) -> torch.Tensor:
+    r"""Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws of
+    :math:`z' = A z + c + \xi` (the effective sample size made exact):
+    :math:`\sqrt{\mathrm{diag}(\sum_l \Gamma_l) / K}`."""
+    return (long_run_covariance(transition, covariance).diagonal() / num_draws).sqrt()
+
+
+def batch_means_standard_error(values: torch.Tensor, num_batches: int = 25) -> torch.Tensor:
+    """Standard error of the mean of a stationary series ``values`` (``[K, ...]``) by batch means: the
+    spread of the means of ``num_batches`` consecutive batches, each much longer than the
+    autocorrelation time. Use it where no exact formula applies (non-Gaussian chains)."""
+    k = values.shape[0] // num_batches * num_batches
+    means = values[:k].reshape(num_batches, -1, *values.shape[1:]).mean(1)
+    return means.std(0) / num_batches**0.5
 
 
 def covariance_standard_error(
@@ -77,3 +96,236 @@ def covariance_standard_error(
     terms = diag[:, :, None] * diag[:, None, :] + gammas * gammas.transpose(-1, -2)
     long_run = terms[0] + 2 * terms[1:].sum(0)
     return (long_run / num_draws).sqrt()
+
+
+# ------------------------------------------------------------ federated Gaussian targets
+class GaussianClients(NamedTuple):
+    r"""Client potentials :math:`U^i(x) = \frac12 (x - \mu_i)^\top A_i (x - \mu_i)` (up to constants).
+
+    ``precisions`` :math:`A_i` is ``[b, d, d]``, ``means`` :math:`\mu_i` is ``[b, d]``.
+    """
+
+    precisions: torch.Tensor
+    means: torch.Tensor
+
+    @property
+    def num_clients(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Mean and covariance of :math:`\pi \propto \exp(-\sum_i U^i)`: precision :math:`\sum_i A_i`."""
+        precision = self.precisions.sum(0)
+        mean = torch.linalg.solve(precision, (self.precisions @ self.means[..., None]).sum(0))[..., 0]
+        return mean, torch.linalg.inv(precision)
+
+    def gradients(self, points: torch.Tensor) -> torch.Tensor:
+        """:math:`\\nabla U^i(x_i) = A_i (x_i - \\mu_i)` for points ``[..., b, d]``."""
+        return ((points - self.means)[..., None, :] @ self.precisions.transpose(-1, -2))[..., 0, :]
+
+    def with_prior(self, prior_sd: float, prior_weights: torch.Tensor) -> GaussianClients:
+        r"""Add the share :math:`\varpi^i \|x\|^2 / (2 s^2)` of an isotropic Gaussian prior to each client."""
+        eye = torch.eye(self.dim, dtype=self.means.dtype)
+        precisions = self.precisions + prior_weights[:, None, None] * eye / prior_sd**2
+        means = torch.linalg.solve(precisions, (self.precisions @ self.means[..., None]))[..., 0]
+        return GaussianClients(precisions, means)
+
+    def pyro_model(self, prior_sd: float) -> tuple[Callable, tuple]:
+        """A Pyro model with prior :math:`N(0, s^2 I)` and one observed datum per client whose negative
+        log-likelihood is :math:`U^i`: ``(model, args)``. Its client ``i`` is datum ``i``; its federated
+        potential is :meth:`with_prior` of these clients."""
+        dim = self.dim
+
+        def model(means, scale_trils):
+            x = pyro.sample("x", dist.Normal(0.0, prior_sd).expand([dim]).to_event(1))
+            with pyro.plate("clients", means.shape[0]):
+                pyro.sample(
+                    "obs",
+                    dist.MultivariateNormal(x, scale_tril=pyro.subsample(scale_trils, event_dim=2)),
+                    obs=pyro.subsample(means, event_dim=1),
+                )
+
+        # a Cholesky factor of each covariance, computed once (not at every gradient evaluation)
+        return model, (self.means, torch.linalg.cholesky(torch.linalg.inv(self.precisions)))
+
+
+def heterogeneous_gaussian_clients(
+    num_clients: int, dim: int, *, mean_scale: float = 10.0, seed: int = 0, dtype=torch.float64
+) -> GaussianClients:
+    r"""Random heterogeneous Gaussian clients, as in the FALD paper's experiment (``ALGORITHMS.md`` §8):
+    :math:`\mu_i = s \cdot N(0, I)` and :math:`\Sigma_i` made of random rotated 2×2 blocks scaled by
+    :math:`c_i \sim U(0.1, 10.1)`.
+
+    Each 2×2 block of :math:`\Sigma_i` is :math:`c_i R_\theta \mathrm{diag}(1, u) R_\theta^\top` with a
+    random angle :math:`\theta` and :math:`u \sim U(0.1, 1)`; ``dim`` must be even. ``mean_scale``
+    controls the heterogeneity (0: identical client means).
+    """
+    if dim % 2:
+        raise ValueError(f"dim must be even (2x2 blocks); got {dim}.")
+    g = torch.Generator().manual_seed(seed)
+    means = mean_scale * torch.randn(num_clients, dim, generator=g, dtype=dtype)
+    scales = 0.1 + 10.0 * torch.rand(num_clients, generator=g, dtype=dtype)
+    covariances = torch.zeros(num_clients, dim, dim, dtype=dtype)
+    for block in range(dim // 2):
+        theta = 2 * math.pi * torch.rand(num_clients, generator=g, dtype=dtype)
+        cos, sin = theta.cos(), theta.sin()
+        rotation = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
+        spread = torch.stack(
+            [torch.ones_like(theta), 0.1 + 0.9 * torch.rand(num_clients, generator=g, dtype=dtype)], -1
+        )
+        s = slice(2 * block, 2 * block + 2)
+        covariances[:, s, s] = (
+            scales[:, None, None] * rotation @ torch.diag_embed(spread) @ rotation.transpose(-1, -2)
+        )
+    return GaussianClients(torch.linalg.inv(covariances), means)
+
+
+def regression_clients(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    clients: torch.Tensor,
+    noise_sd: float,
+    prior_weights: torch.Tensor,
+    prior_sd: float = 1.0,
+) -> GaussianClients:
+    r"""Client potentials of the conjugate regression :math:`y \sim N(x w, \sigma^2)`, :math:`w \sim N(0,
+    s^2 I)`, split by client ids with prior weights :math:`\varpi^i`."""
+    b, d = int(clients.max()) + 1, x.shape[1]
+    precisions = torch.stack([x[clients == i].T @ x[clients == i] / noise_sd**2 for i in range(b)])
+    rhs = torch.stack([x[clients == i].T @ y[clients == i] / noise_sd**2 for i in range(b)])
+    precisions = precisions + prior_weights[:, None, None] * torch.eye(d, dtype=x.dtype) / prior_sd**2
+    return GaussianClients(precisions, torch.linalg.solve(precisions, rhs[..., None])[..., 0])
+
+
+# ------------------------------------------------------------ random linear recursions
+class StationaryLaw(NamedTuple):
+    r"""The stationary law of a sampler's reported draw :math:`r z` for a state :math:`z` that follows a
+    random linear recursion.
+
+    Because the coins are independent of the past, :math:`E[z_{k+1} \mid z_k] = \bar F z_k + \bar h`
+    with :math:`\bar F = \sum_\omega \pi_\omega F_\omega`, so the stationary autocovariances are
+    :math:`\bar F^l \mathrm{Cov}(z)` exactly as for a linear Gaussian recursion: the standard error of a
+    sample mean is exact.
+    """
+
+    mean: torch.Tensor  #: mean of the reported draw
+    cov: torch.Tensor  #: covariance of the reported draw
+    mean_transition: torch.Tensor  #: :math:`\bar F`
+    state_cov: torch.Tensor  #: stationary covariance of the state
+    read: torch.Tensor  #: the draw is ``read @ state``
+
+    def mean_standard_error(self, num_draws: int) -> torch.Tensor:
+        """Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws."""
+        long_run = self.read @ long_run_covariance(self.mean_transition, self.state_cov) @ self.read.T
+        return (long_run.diagonal() / num_draws).sqrt()
+
+
+class Outcome(NamedTuple):
+    r"""One outcome :math:`\omega` of the coins: :math:`z' = F z + h + \xi`, :math:`\xi \sim N(0, Q)`,
+    with probability ``prob``."""
+
+    prob: float
+    transition: torch.Tensor
+    offset: torch.Tensor
+    noise_cov: torch.Tensor
+
+
+def random_recursion_law(outcomes: list[Outcome], read: torch.Tensor) -> StationaryLaw:
+    r"""Exact stationary law of ``read @ z`` for a random linear recursion of the state ``z``.
+
+    The mean solves :math:`(I - \sum_\omega \pi_\omega F_\omega)\mu = \sum_\omega \pi_\omega h_\omega`;
+    the second moment :math:`W = E[z z^\top]` solves
+    :math:`W = \sum_\omega \pi_\omega (F_\omega W F_\omega^\top + F_\omega \mu h_\omega^\top
+    + h_\omega \mu^\top F_\omega^\top + h_\omega h_\omega^\top + Q_\omega)`, vectorised with Kronecker
+    products (size :math:`n^2` for a state of size :math:`n`: small states only).
+    """
+    n = outcomes[0].offset.shape[0]
+    eye = torch.eye(n, dtype=outcomes[0].offset.dtype)
+    mean_map = sum(o.prob * o.transition for o in outcomes)
+    mean = torch.linalg.solve(eye - mean_map, sum(o.prob * o.offset for o in outcomes))
+    kron = sum(o.prob * torch.kron(o.transition, o.transition) for o in outcomes)
+    source = sum(
+        o.prob
+        * (
+            torch.outer(o.transition @ mean, o.offset)
+            + torch.outer(o.offset, o.transition @ mean)
+            + torch.outer(o.offset, o.offset)
+            + o.noise_cov
+        )
+        for o in outcomes
+    )
+    second = torch.linalg.solve(torch.eye(n * n, dtype=eye.dtype) - kron, source.reshape(-1)).reshape(n, n)
+    cov = second - torch.outer(mean, mean)
+    return StationaryLaw(read @ mean, read @ cov @ read.T, mean_map, cov, read)
+
+
+def _client_noise_cov(b: int, d: int, step_size: float, noise_corr: float, dtype) -> torch.Tensor:
+    """Covariance of the stacked client noises :math:`\\sqrt{2\\gamma} Z^i` (``ALGORITHMS.md`` §1)."""
+    mix = noise_corr / b * torch.ones(b, b, dtype=dtype) + (1 - noise_corr) * torch.eye(b, dtype=dtype)
+    return 2 * step_size * torch.kron(mix, torch.eye(d, dtype=dtype))
+
+
+def _average_map(b: int, d: int, dtype) -> torch.Tensor:
+    return torch.kron(torch.full((b, b), 1.0 / b, dtype=dtype), torch.eye(d, dtype=dtype))
+
+
+def fald_stationary_law(
+    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float
+) -> StationaryLaw:
+    r"""Exact stationary law of FALD's reported draw :math:`\bar X` with full local
+    batches on Gaussian clients (``ALGORITHMS.md`` §1): a random linear recursion over the stacked
+    :math:`(X^1, \dots, X^b)` with outcomes "average" (:math:`p_c`) and "keep"."""
+    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
+    local = torch.eye(b * d, dtype=dtype) - step_size * torch.block_diag(*clients.precisions)
+    offset = step_size * (clients.precisions @ clients.means[..., None]).reshape(-1)
+    noise = _client_noise_cov(b, d, step_size, noise_corr, dtype)
+    outcomes = [
+        Outcome(prob, m @ local, m @ offset, m @ noise @ m.T)
+        for prob, m in (
+            (comm_prob, _average_map(b, d, dtype)),
+            (1 - comm_prob, torch.eye(b * d, dtype=dtype)),
+        )
+        if prob > 0
+    ]
+    return random_recursion_law(
+        outcomes, torch.kron(torch.full((1, b), 1.0 / b, dtype=dtype), torch.eye(d, dtype=dtype))
+    )
+
+
+def vr_fald_stationary_law(
+    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, refresh_prob: float
+) -> StationaryLaw:
+    r"""Exact stationary law of VR-FALD⋆'s :math:`\bar X` with full local batches on
+    Gaussian clients (``ALGORITHMS.md`` §2). With full batches the shift :math:`C = \bar A Y - \bar c` is a
+    function of :math:`Y`, so the state is :math:`(X^1, \dots, X^b, Y)` and
+    :math:`G^i = A_i (X^i - Y) + \bar A Y - \bar c`; four outcomes (average or not, refresh or not)."""
+    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
+    n = b * d
+    blocks = torch.block_diag(*clients.precisions)
+    mean_precision = clients.precisions.mean(0)
+    mean_offset = (clients.precisions @ clients.means[..., None]).mean(0)[..., 0]
+    ones = torch.kron(torch.ones(b, 1, dtype=dtype), torch.eye(d, dtype=dtype))  # [n, d]: Y to every client
+    # X~ = (I - g A) X + g (A 1 - 1 Abar) Y + g 1 cbar + noise
+    step_x = torch.cat(
+        [torch.eye(n, dtype=dtype) - step_size * blocks, step_size * (blocks @ ones - ones @ mean_precision)],
+        1,
+    )
+    offset_x = step_size * ones @ mean_offset
+    noise_x = _client_noise_cov(b, d, step_size, noise_corr, dtype)
+    keep_y = torch.cat([torch.zeros(d, n, dtype=dtype), torch.eye(d, dtype=dtype)], 1)
+    refresh_y = torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1)  # Y' = mean of the old X
+    outcomes = []
+    for comm, p_comm in ((True, comm_prob), (False, 1 - comm_prob)):
+        m = _average_map(b, d, dtype) if comm else torch.eye(n, dtype=dtype)
+        for y_row, p_refresh in ((refresh_y, refresh_prob), (keep_y, 1 - refresh_prob)):
+            prob = p_comm * p_refresh
+            if prob == 0:
+                continue
+            transition = torch.cat([m @ step_x, y_row], 0)
+            offset = torch.cat([m @ offset_x, torch.zeros(d, dtype=dtype)])
+            noise = torch.block_diag(m @ noise_x @ m.T, torch.zeros(d, d, dtype=dtype))
+            outcomes.append(Outcome(prob, transition, offset, noise))
+    return random_recursion_law(outcomes, torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1))

@@ -2,5 +2,6 @@
 
 from .base import FederatedKernel
 from .fald import FaldKernel
+from .vr_fald import VrFaldKernel
 
-__all__ = ["FaldKernel", "FederatedKernel"]
+__all__ = ["FaldKernel", "FederatedKernel", "VrFaldKernel"]

@@ -1,0 +1,159 @@
+"""VrFaldKernel: exact law, control variate, SVRG-LD limit, bias below FALD's, statistics and errors."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+import pyro_fed
+from pyro_fed import FaldKernel, VrFaldKernel, testing
+from pyro_fed.algorithms import vr_fald
+
+from .models import gaussian_regression, logistic_model, regression_data
+
+Z = 4.5  # standard errors: a false alarm has probability ~1e-5 per checked number
+PRIOR_SD = 10.0
+
+
+def gaussian_problem(num_clients=4, mean_scale=3.0, seed=0):
+    clients = testing.heterogeneous_gaussian_clients(num_clients, 2, mean_scale=mean_scale, seed=seed)
+    model, args = clients.pyro_model(PRIOR_SD)
+    # one datum per client: the proportional prior split is 1/b each
+    exact = clients.with_prior(PRIOR_SD, torch.full((num_clients,), 1.0 / num_clients))
+    return model, args, exact
+
+
+def run(kernel, args, num_samples, warmup=500):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
+    mcmc.run(*args)
+    return mcmc
+
+
+@pytest.mark.slow
+def test_vr_fald_full_batch_matches_exact_stationary_law():
+    model, args, exact = gaussian_problem()
+    step = 4 * 0.5 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    hyper = {"step_size": step, "comm_prob": 0.3, "noise_corr": 0.5}
+    law = testing.vr_fald_stationary_law(exact, **hyper, refresh_prob=0.2)
+    kernel = VrFaldKernel(model, torch.arange(4), **hyper, refresh_prob=0.2)
+    draws = run(kernel, args, num_samples=20000).get_samples()["x"]
+    assert ((draws.mean(0) - law.mean).abs() <= Z * law.mean_standard_error(len(draws))).all()
+    centred = draws - draws.mean(0)
+    products = centred[:, :, None] * centred[:, None, :]
+    # the chain is a Gaussian mixture, not Gaussian: batch means give the covariance's standard error
+    assert ((products.mean(0) - law.cov).abs() <= Z * testing.batch_means_standard_error(products)).all()
+
+
+def test_vr_fald_bias_below_fald_on_heterogeneous_clients():
+    # exact stationary laws: strongly heterogeneous clients, p_c = 0.1, the same step for both
+    _, _, exact = gaussian_problem(num_clients=10, mean_scale=10.0, seed=4)
+    mean, cov = exact.posterior()
+    sigma2 = cov.trace()  # sigma*^2 = E||x - x*||^2 under the posterior
+    step = 10 * 0.2 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    fa = testing.fald_stationary_law(exact, step, 0.1, 1.0)
+    vr = testing.vr_fald_stationary_law(exact, step, 0.1, 1.0, 0.1)
+
+    def bias(law):  # stationary E||X - x*||^2 - sigma*^2
+        return abs(((law.mean - mean).square().sum() + law.cov.trace() - sigma2).item())
+
+    assert bias(vr) < bias(fa) / 10
+
+
+@pytest.mark.slow
+def test_vr_fald_kernel_mean_closer_than_fald_kernel():
+    # the same comparison through the kernels: FALD's mean is many standard errors off, VR-FALD's is not
+    model, args, exact = gaussian_problem(num_clients=6, mean_scale=10.0, seed=5)
+    mean, _ = exact.posterior()
+    step = 6 * 0.3 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    hyper = {"step_size": step, "comm_prob": 0.1, "noise_corr": 1.0}
+    fa_law = testing.fald_stationary_law(exact, **hyper)
+    vr_law = testing.vr_fald_stationary_law(exact, **hyper, refresh_prob=0.1)
+    assert (fa_law.mean - mean).norm() > 20 * fa_law.mean_standard_error(
+        10000
+    ).max()  # the setting is telling
+    fa = run(FaldKernel(model, torch.arange(6), **hyper), args, 10000).get_samples()["x"].mean(0)
+    vr = run(VrFaldKernel(model, torch.arange(6), **hyper), args, 10000).get_samples()["x"].mean(0)
+    assert ((vr - mean).abs() <= Z * vr_law.mean_standard_error(10000)).all()
+    assert (fa - mean).norm() > (vr - mean).norm()
+
+
+def test_control_variate_at_reference_point_is_the_full_gradient():
+    x, y = regression_data(40)
+    kernel = VrFaldKernel(gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3, batch_size=3)
+    kernel.setup(0, x, y)
+    pot = kernel.potential
+    reference = torch.randn(3)
+    full = pot.full_client_grads(reference)
+    shift = full.mean(0)
+    batches = kernel.minibatches()
+    grads = vr_fald.control_variate(
+        reference.expand(4, 3), reference, shift, lambda points: pot.client_grads(points, batches)
+    )
+    # every client gets C = (1/b) sum_i grad U^i(Y): together, the full gradient at Y
+    torch.testing.assert_close(grads, shift.expand(4, 3))
+    torch.testing.assert_close(grads.sum(0), full.sum(0))
+    # and the initial shift is the mean full local gradient at the initial point
+    state = kernel._state
+    torch.testing.assert_close(state.shift, pot.full_client_grads(state.reference).mean(0))
+
+
+def test_single_client_vr_fald_is_svrg_langevin():
+    # b = 1, p_c = 1: X' = X - step (g(X; S) - g(Y; S) + grad U(Y)) + sqrt(2 step) Z
+    x, y = regression_data(30)
+    kernel = VrFaldKernel(
+        gaussian_regression(0.5),
+        torch.zeros(30, dtype=torch.long),
+        step_size=2e-3,
+        batch_size=4,
+        refresh_prob=0.5,
+    )
+    pyro.set_rng_seed(0)
+    kernel.setup(0, x, y)
+    pot = kernel.potential
+    batch = kernel.minibatches()
+    kernel.minibatches = lambda: batch  # one fixed minibatch S
+    point, reference = torch.tensor([0.3, -0.2, 0.1]), torch.tensor([-0.5, 0.4, 0.0])
+    start = vr_fald.VrFaldState(point[None], reference, pot.full_client_grads(reference)[0])
+    g = lambda p: pot.client_grads(p[None], batch)[0]  # noqa: E731
+    expected = point - 2e-3 * (g(point) - g(reference) + pot.full_client_grads(reference)[0])
+    moves = []
+    for _ in range(3000):
+        kernel._state = start
+        moves.append(pot.flatten(kernel.sample(None)))
+    moves = torch.stack(moves)
+    sd = math.sqrt(2 * 2e-3)
+    assert ((moves.mean(0) - expected).abs() <= Z * sd / math.sqrt(3000)).all()
+    torch.testing.assert_close(
+        moves.T.cov(), sd**2 * torch.eye(3), atol=Z * sd**2 * math.sqrt(2 / 3000), rtol=0
+    )
+
+
+def test_sample_stats_record_refreshes_and_their_bits():
+    x, y = regression_data(40)
+    pyro.set_rng_seed(3)
+    kernel = VrFaldKernel(
+        logistic_model, torch.arange(40) % 4, step_size=0.02, comm_prob=0.3, refresh_prob=0.2, batch_size=5
+    )
+    mcmc = run(kernel, (x, (y > 0).double()), num_samples=300, warmup=0)
+    idata = pyro_fed.to_inference_data(mcmc, log_likelihood=False)
+    stats = idata.sample_stats
+    assert stats["refreshed"].dtype == bool and 0 < int(stats["refreshed"].sum()) < 300
+    bits = stats["uploaded_bits"].values[0]
+    per_upload = 4 * 3 * 32  # 4 clients upload d = 3 floats
+    steps = stats["communicated"].values[0].astype(int) + 2 * stats["refreshed"].values[0].astype(int)
+    # initial shift: 2 uploads before the first draw; then 1 per averaging and 2 per refresh
+    assert bits[0] == per_upload * (2 + steps[0])
+    torch.testing.assert_close(torch.as_tensor(bits[1:] - bits[:-1]), torch.as_tensor(per_upload * steps[1:]))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, 1.5, "often"])
+def test_bad_refresh_prob(value):
+    with pytest.raises(ValueError, match=r"refresh_prob must be a number in \(0, 1\]"):
+        VrFaldKernel(logistic_model, torch.arange(10) % 2, step_size=1e-3, refresh_prob=value)
+
+
+def test_refresh_prob_defaults_to_comm_prob():
+    kernel = VrFaldKernel(logistic_model, torch.arange(10) % 2, step_size=1e-3, comm_prob=0.3)
+    assert kernel.refresh_prob == 0.3
