@@ -32,7 +32,7 @@ def _potential(mcmc) -> FederatedPotential:
             "For Pyro's own kernels use arviz.from_pyro."
         )
     if kernel.potential is None:  # chains ran in worker processes: rebuild the model's split here
-        kernel.setup(0, *mcmc._args, **mcmc._kwargs)
+        return kernel.build_potential(*mcmc._args, **mcmc._kwargs)
     return kernel.potential
 
 
@@ -51,9 +51,10 @@ def to_inference_data(
 
     - ``posterior``: the constrained draws of every global latent site;
     - ``sample_stats``: per draw, ``diverging`` (non-finite step, reverted), ``uploaded_bits``
-      (cumulative bits sent by clients, summed over clients) and the algorithm's own statistics (FALD:
-      ``communicated``, whether the server averaged, and ``dispersion``
-      :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`);
+      (cumulative bits sent by clients, summed over clients, counted from the start of warm-up) and
+      the algorithm's own statistics (FALD: ``communicated``, whether the server averaged, and
+      ``dispersion`` :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`; VR-FALD⋆ also
+      ``refreshed``);
     - ``log_likelihood``: per datum of the data plate, ``chain × draw × N``, for ``az.loo``/``az.waic``;
     - ``observed_data``: the observed sites of the plate;
     - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
@@ -72,12 +73,7 @@ def to_inference_data(
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
     groups = {"posterior": _numpy(samples)}
     stats = [d["sample_stats"] for d in mcmc._diagnostics]
-    groups["sample_stats"] = {
-        ("diverging" if k == "diverging" else k): np.stack([s[k] for s in stats]).astype(
-            bool if k in ("diverging", "communicated", "refreshed") else stats[0][k].dtype
-        )
-        for k in stats[0]
-    }
+    groups["sample_stats"] = {k: np.stack([s[k] for s in stats]) for k in stats[0]}
     if log_likelihood:
         groups["log_likelihood"] = _by_chain(
             potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains

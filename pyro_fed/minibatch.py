@@ -44,7 +44,9 @@ class MinibatchSampler:
         weights = torch.as_tensor(self.sizes / self.batch_sizes, dtype=dtype, device=device)[:, None]
         self.datum_weights = torch.where(real, weights, torch.zeros((), dtype=dtype, device=device))
         self.permutations = self.table.clone()
-        self.offsets = self.sizes.copy()  # every client starts with a reshuffle
+        # clients whose whole data fit in one batch use all of it every time and never reshuffle
+        self.shuffled = self.batch_sizes < self.sizes
+        self.offsets = np.where(self.shuffled, self.sizes, 0)  # the others start with a reshuffle
 
     def _reshuffle(self, rows: np.ndarray) -> None:
         rows_t = torch.as_tensor(rows, device=self.rng.device)
@@ -54,10 +56,10 @@ class MinibatchSampler:
         self.offsets[rows] = 0
 
     def __call__(self) -> ClientBatches:
-        ended = np.flatnonzero(self.offsets + self.batch_sizes > self.sizes)
+        ended = np.flatnonzero(self.shuffled & (self.offsets + self.batch_sizes > self.sizes))
         if len(ended):
             self._reshuffle(ended)
         offsets = torch.as_tensor(self.offsets, device=self.rng.device)
         positions = (offsets[:, None] + self.columns).clamp(max=self.table.shape[1] - 1)
-        self.offsets += self.batch_sizes
+        self.offsets += np.where(self.shuffled, self.batch_sizes, 0)
         return ClientBatches(self.permutations.gather(1, positions), self.datum_weights)

@@ -329,3 +329,211 @@ def vr_fald_stationary_law(
             noise = torch.block_diag(m @ noise_x @ m.T, torch.zeros(d, d, dtype=dtype))
             outcomes.append(Outcome(prob, transition, offset, noise))
     return random_recursion_law(outcomes, torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1))
+
+
+# ------------------------------------------------------------ large states (matrix-free solves)
+def second_moment_operator(outcomes: list[Outcome]) -> Callable[[torch.Tensor], torch.Tensor]:
+    r"""The map :math:`W \mapsto \sum_\omega \pi_\omega F_\omega W F_\omega^\top` of a random linear
+    recursion (``n × n`` matrices in and out; never forms the :math:`n^2 \times n^2` Kronecker matrix)."""
+    pairs = [(o.prob, o.transition) for o in outcomes]
+
+    def apply(w: torch.Tensor) -> torch.Tensor:
+        return sum(prob * (f @ w @ f.T) for prob, f in pairs)
+
+    return apply
+
+
+class SolveInfo(NamedTuple):
+    """Diagnostics of :func:`solve_second_moment`."""
+
+    iterations: int  #: operator applications (GMRES iterations)
+    residual: float  #: final relative residual :math:`\|S - (W - T W)\|_F / \|S\|_F`, recomputed exactly
+
+
+def _gmres(apply, rhs, *, tol: float, restart: int, max_iter: int) -> tuple[torch.Tensor, int, float]:
+    """Restarted GMRES for ``apply(x) = rhs`` on flat vectors (classical Gram–Schmidt, twice)."""
+    x = torch.zeros_like(rhs)
+    norm_rhs = float(rhs.norm())
+    if norm_rhs == 0.0:
+        return x, 0, 0.0
+    total = 0
+    while True:
+        r = rhs - apply(x)
+        beta = float(r.norm())
+        if beta <= tol * norm_rhs or total >= max_iter:
+            return x, total, beta / norm_rhs
+        basis = torch.empty(restart + 1, rhs.shape[0], dtype=rhs.dtype)
+        basis[0] = r / beta
+        hess = torch.zeros(restart + 1, restart, dtype=rhs.dtype)
+        for j in range(restart):
+            w = apply(basis[j])
+            for _ in range(2):  # CGS2: re-orthogonalise once for stability
+                coef = basis[: j + 1] @ w
+                w = w - coef @ basis[: j + 1]
+                hess[: j + 1, j] += coef
+            hess[j + 1, j] = w.norm()
+            total += 1
+            target = torch.zeros(j + 2, dtype=rhs.dtype)
+            target[0] = beta
+            y = torch.linalg.lstsq(hess[: j + 2, : j + 1], target[:, None]).solution[:, 0]
+            small = float((target - hess[: j + 2, : j + 1] @ y).norm())
+            if small <= 0.1 * tol * norm_rhs or hess[j + 1, j] <= 1e-300 or total >= max_iter:
+                break
+            basis[j + 1] = w / hess[j + 1, j]
+        x = x + y @ basis[: j + 1]
+
+
+def solve_second_moment(
+    outcomes: list[Outcome],
+    source: torch.Tensor,
+    *,
+    tol: float = 1e-11,
+    restart: int = 300,
+    max_iter: int = 3000,
+) -> tuple[torch.Tensor, SolveInfo]:
+    r"""Solve :math:`W = \sum_\omega \pi_\omega F_\omega W F_\omega^\top + S` for a state of size ``n`` in
+    :math:`O(n^3)` per iteration and :math:`O(n^2)` memory (the Kronecker solve of
+    :func:`random_recursion_law` needs :math:`O(n^6)` time and :math:`O(n^4)` memory).
+
+    Matrix-free restarted GMRES on :math:`(I - T)\,\mathrm{vec}\,W = \mathrm{vec}\,S`. Its iteration count
+    grows with the number of eigenvalues of :math:`T` close to 1 (the slow modes of the chain), not with
+    ``n``. The residual is recomputed exactly at the end; :class:`RuntimeError` if it exceeds ``10 * tol``.
+    The returned ``W`` is symmetrised. This solves the linear equation whether or not the recursion is
+    mean-square stable; see :func:`random_recursion_law_large` for the stability check.
+    """
+    n = source.shape[0]
+    operator = second_moment_operator(outcomes)
+
+    def apply(flat: torch.Tensor) -> torch.Tensor:
+        w = flat.reshape(n, n)
+        return (w - operator(w)).reshape(-1)
+
+    flat, iterations, _ = _gmres(apply, source.reshape(-1), tol=tol, restart=restart, max_iter=max_iter)
+    w = flat.reshape(n, n)
+    w = (w + w.T) / 2
+    residual = float((source - (w - operator(w))).norm() / source.norm().clamp_min(1e-300))
+    if residual > 10 * tol:
+        raise RuntimeError(
+            f"second-moment solve did not converge: relative residual {residual:.2e} after {iterations} "
+            f"iterations (tol {tol:.0e}); raise max_iter or check mean-square stability."
+        )
+    return w, SolveInfo(iterations, residual)
+
+
+def random_recursion_law_large(
+    outcomes: list[Outcome], read: torch.Tensor, *, tol: float = 1e-11, max_iter: int = 3000
+) -> tuple[StationaryLaw, SolveInfo]:
+    r"""Exact stationary law of ``read @ z`` for a random linear recursion, like
+    :func:`random_recursion_law`, for states of a few hundred coordinates (:func:`solve_second_moment`).
+
+    The covariance is solved directly (better conditioned than the raw second moment when the mean is
+    large): with the stationary mean :math:`\mu` and :math:`\delta_\omega = F_\omega \mu + h_\omega - \mu`,
+    :math:`\Sigma = \sum_\omega \pi_\omega (F_\omega \Sigma F_\omega^\top + \delta_\omega \delta_\omega^\top
+    + Q_\omega)`.
+
+    Mean-square stability: the map :math:`T` is positive (it preserves the PSD cone), so if the source is
+    positive definite a PSD solution exists only when the spectral radius of :math:`T` is below 1.
+    :class:`ValueError` if the solved covariance is not PSD (the recursion is then not mean-square stable:
+    its second moments diverge).
+
+    :returns: the law and the solver's diagnostics.
+    """
+    n = outcomes[0].offset.shape[0]
+    eye = torch.eye(n, dtype=outcomes[0].offset.dtype)
+    mean_map = sum(o.prob * o.transition for o in outcomes)
+    mean = torch.linalg.solve(eye - mean_map, sum(o.prob * o.offset for o in outcomes))
+    source = torch.zeros(n, n, dtype=eye.dtype)
+    for o in outcomes:
+        jump = o.transition @ mean + o.offset - mean
+        source = source + o.prob * (torch.outer(jump, jump) + o.noise_cov)
+    cov, info = solve_second_moment(outcomes, source, tol=tol, max_iter=max_iter)
+    eigenvalues = torch.linalg.eigvalsh(cov)
+    if eigenvalues[0] < -1e-8 * eigenvalues[-1].abs().clamp_min(1e-300):
+        raise ValueError(
+            f"the stationary covariance solves to a non-PSD matrix (smallest eigenvalue "
+            f"{float(eigenvalues[0]):.3e}): the recursion is not mean-square stable."
+        )
+    return StationaryLaw(read @ mean, read @ cov @ read.T, mean_map, cov, read), info
+
+
+def fald_outcomes(
+    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float
+) -> tuple[list[Outcome], torch.Tensor]:
+    """The random linear recursion of FALD with full local batches on Gaussian clients (the one
+    :func:`fald_stationary_law` solves): its outcomes and the read-out matrix of :math:`\\bar X`."""
+    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
+    local = torch.eye(b * d, dtype=dtype) - step_size * torch.block_diag(*clients.precisions)
+    offset = step_size * (clients.precisions @ clients.means[..., None]).reshape(-1)
+    noise = _client_noise_cov(b, d, step_size, noise_corr, dtype)
+    outcomes = [
+        Outcome(prob, m @ local, m @ offset, m @ noise @ m.T)
+        for prob, m in (
+            (comm_prob, _average_map(b, d, dtype)),
+            (1 - comm_prob, torch.eye(b * d, dtype=dtype)),
+        )
+        if prob > 0
+    ]
+    return outcomes, torch.kron(torch.full((1, b), 1.0 / b, dtype=dtype), torch.eye(d, dtype=dtype))
+
+
+def vr_fald_outcomes(
+    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, refresh_prob: float
+) -> tuple[list[Outcome], torch.Tensor]:
+    """The random linear recursion of VR-FALD⋆ with full local batches on Gaussian clients over the state
+    :math:`(X^1, \\dots, X^b, Y)` (the one :func:`vr_fald_stationary_law` solves): its outcomes and the
+    read-out matrix of :math:`\\bar X`."""
+    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
+    n = b * d
+    blocks = torch.block_diag(*clients.precisions)
+    mean_precision = clients.precisions.mean(0)
+    mean_offset = (clients.precisions @ clients.means[..., None]).mean(0)[..., 0]
+    ones = torch.kron(torch.ones(b, 1, dtype=dtype), torch.eye(d, dtype=dtype))
+    step_x = torch.cat(
+        [torch.eye(n, dtype=dtype) - step_size * blocks, step_size * (blocks @ ones - ones @ mean_precision)],
+        1,
+    )
+    offset_x = step_size * ones @ mean_offset
+    noise_x = _client_noise_cov(b, d, step_size, noise_corr, dtype)
+    keep_y = torch.cat([torch.zeros(d, n, dtype=dtype), torch.eye(d, dtype=dtype)], 1)
+    refresh_y = torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1)
+    outcomes = []
+    for comm, p_comm in ((True, comm_prob), (False, 1 - comm_prob)):
+        m = _average_map(b, d, dtype) if comm else torch.eye(n, dtype=dtype)
+        for y_row, p_refresh in ((refresh_y, refresh_prob), (keep_y, 1 - refresh_prob)):
+            prob = p_comm * p_refresh
+            if prob == 0:
+                continue
+            transition = torch.cat([m @ step_x, y_row], 0)
+            offset = torch.cat([m @ offset_x, torch.zeros(d, dtype=dtype)])
+            noise = torch.block_diag(m @ noise_x @ m.T, torch.zeros(d, d, dtype=dtype))
+            outcomes.append(Outcome(prob, transition, offset, noise))
+    return outcomes, torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1)
+
+
+def fald_stationary_law_large(
+    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, **solver
+) -> tuple[StationaryLaw, SolveInfo]:
+    """:func:`fald_stationary_law` for many clients (state size ``b·d`` up to a few hundred), with
+    :func:`random_recursion_law_large`; ``solver`` (``tol``, ``max_iter``) is passed on."""
+    return random_recursion_law_large(*fald_outcomes(clients, step_size, comm_prob, noise_corr), **solver)
+
+
+def vr_fald_stationary_law_large(
+    clients: GaussianClients,
+    step_size: float,
+    comm_prob: float,
+    noise_corr: float,
+    refresh_prob: float,
+    **solver,
+) -> tuple[StationaryLaw, SolveInfo]:
+    """:func:`vr_fald_stationary_law` for many clients, with :func:`random_recursion_law_large`."""
+    return random_recursion_law_large(
+        *vr_fald_outcomes(clients, step_size, comm_prob, noise_corr, refresh_prob), **solver
+    )
+
+
+def squared_distance_bias(law: StationaryLaw, target_mean: torch.Tensor, target_cov: torch.Tensor) -> float:
+    r"""Stationary bias of the statistic :math:`\|X - x_\star\|^2` as an estimator of
+    :math:`\sigma_\star^2 = \mathrm{tr}\,\Sigma_\star`: :math:`\mathrm{tr}\,\mathrm{Cov}(X) +
+    \|E X - x_\star\|^2 - \mathrm{tr}\,\Sigma_\star` (``ALGORITHMS.md`` §7)."""
+    return float(law.cov.trace() + (law.mean - target_mean).square().sum() - target_cov.trace())

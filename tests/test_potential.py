@@ -69,15 +69,37 @@ def test_gradients_at_several_points_per_client():
         torch.testing.assert_close(both[m], pot.client_grads(points[m], pot.full_batches))
 
 
-def test_traced_gradients_equal_eager():
+@pytest.mark.parametrize("mode", ["traced", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_prepared_gradients_equal_eager(mode):
     x, y = regression_data(len(CLIENTS))
-    traced = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
-    eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, trace_gradients=False)
-    for seed in range(3):  # new inputs through the same traced graph
-        points = torch.randn(3, traced.dim, generator=torch.Generator().manual_seed(seed))
+    prepared = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode=mode)
+    eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="eager")
+    for seed in range(3):  # new inputs through the same prepared function
+        points = torch.randn(2, 3, prepared.dim, generator=torch.Generator().manual_seed(seed))
+        batches = prepared.batches([ix[seed : seed + 4] for ix in prepared.client_indices])
         torch.testing.assert_close(
-            traced.client_grads(points, traced.full_batches), eager.client_grads(points, eager.full_batches)
+            prepared.client_grads(points, batches), eager.client_grads(points, batches)
         )
+
+
+def test_failed_tracing_falls_back_to_eager_with_a_warning(monkeypatch):
+    def broken_make_fx(function):
+        raise RuntimeError("cannot trace this")
+
+    monkeypatch.setattr("pyro_fed.potential.make_fx", broken_make_fx)
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="eager")
+    points = torch.randn(3, pot.dim)
+    with pytest.warns(UserWarning, match="could not prepare.*cannot trace this.*eager gradient"):
+        grads = pot.client_grads(points, pot.full_batches)
+    torch.testing.assert_close(grads, eager.client_grads(points, eager.full_batches))
+
+
+def test_bad_gradient_mode():
+    x, y = regression_data(len(CLIENTS))
+    with pytest.raises(ValueError, match="gradient_mode='jit'"):
+        FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="jit")
 
 
 def test_plate_with_index_variable_and_two_observed_sites():

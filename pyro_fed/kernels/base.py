@@ -49,8 +49,8 @@ class FederatedKernel(MCMCKernel):
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
     :param init_strategy: a Pyro init strategy (default: the prior median).
-    :param bool trace_gradients: trace the batched model gradient into a tensor graph once per shape
-        (faster); ``False`` evaluates the Pyro model eagerly at every iteration.
+    :param str gradient_mode: ``"traced"`` (default), ``"compiled"`` (faster per iteration after seconds of
+        compilation; for long runs) or ``"eager"``; see :class:`~pyro_fed.FederatedPotential`.
     """
 
     def __init__(
@@ -63,10 +63,10 @@ class FederatedKernel(MCMCKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        trace_gradients: bool = True,
+        gradient_mode: str = "traced",
     ):
         self.model = model
-        self.trace_gradients = trace_gradients
+        self.gradient_mode = gradient_mode
         self.clients = clients
         self.step_size = check_positive("step_size", step_size)
         if batch_size is not None and (
@@ -98,8 +98,10 @@ class FederatedKernel(MCMCKernel):
         raise NotImplementedError
 
     # ------------------------------------------------------- Pyro MCMCKernel
-    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        self.potential = FederatedPotential(
+    def build_potential(self, *args, **kwargs) -> FederatedPotential:
+        """The model's split into client potentials for these model arguments (no randomness drawn but
+        the init strategy's)."""
+        return FederatedPotential(
             self.model,
             args,
             kwargs,
@@ -107,9 +109,11 @@ class FederatedKernel(MCMCKernel):
             plate=self.plate,
             prior_weights=self.prior_weights,
             init_strategy=self.init_strategy,
-            trace_gradients=self.trace_gradients,
+            gradient_mode=self.gradient_mode,
         )
-        pot = self.potential
+
+    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        self.potential = pot = self.build_potential(*args, **kwargs)
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         self.rng = Randomness(int(torch.randint(0, 2**62, ()).item()), pot.device)
         self.network = InProcessNetwork(pot.num_clients)
@@ -127,17 +131,13 @@ class FederatedKernel(MCMCKernel):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         batches = self.minibatches()
         state, info = self.step(self._state, lambda points: self.potential.client_grads(points, batches))
-        finite = torch.stack([torch.isfinite(t).all() for t in state if isinstance(t, torch.Tensor)]).all()
+        # one reduction: a non-finite entry anywhere makes the sum non-finite
+        finite = torch.isfinite(sum(t.sum() for t in state))
         # a non-finite step is reverted without waiting for the device: select, don't branch
         self._state = type(state)(
-            *(
-                torch.where(finite, new, old) if isinstance(new, torch.Tensor) else new
-                for new, old in zip(state, self._state, strict=True)
-            )
+            *(torch.where(finite, new, old) for new, old in zip(state, self._state, strict=True))
         )
-        self._records.append(
-            {"diverging": ~finite, "uploaded_bits": self.network.uploaded_bits, **info._asdict()}
-        )
+        self._records.append((finite, self.network.uploaded_bits, info))
         return self.potential.unconstrained_params(self.position(self._state))
 
     @property
@@ -153,20 +153,24 @@ class FederatedKernel(MCMCKernel):
         return None if self.potential is None else self.potential.transforms
 
     def sample_stats(self) -> dict[str, np.ndarray]:
-        """Per-draw statistics of the iterations after warm-up, as NumPy arrays."""
+        """Per-draw statistics of the iterations after warm-up, as NumPy arrays: ``diverging``,
+        ``uploaded_bits`` (cumulative, summed over clients, from the start of warm-up) and the fields of the
+        algorithm's info (e.g. FALD's ``communicated`` and ``dispersion``)."""
         records = self._records[self._warmup_steps :]
         if not records:
             return {}
-        return {
-            key: np.array([float(r[key]) if isinstance(r[key], torch.Tensor) else r[key] for r in records])
-            for key in records[0]
-        }
+        finite, bits, infos = zip(*records, strict=True)
+        stats = {"diverging": ~torch.stack(finite).cpu().numpy(), "uploaded_bits": np.array(bits)}
+        for name, values in zip(infos[0]._fields, zip(*infos, strict=True), strict=True):
+            stats[name] = (
+                torch.stack(values).cpu().numpy() if torch.is_tensor(values[0]) else np.array(values)
+            )
+        return stats
 
     def diagnostics(self) -> dict:
         stats = self.sample_stats()
-        diverging = stats.get("diverging", np.zeros(0, bool)).astype(bool)
         return {
-            "divergences": np.flatnonzero(diverging).tolist(),
+            "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
             "communication rounds": self.network.rounds,
             "uploaded bits": self.network.uploaded_bits,
             "sample_stats": stats,

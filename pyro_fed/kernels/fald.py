@@ -45,8 +45,8 @@ class FaldKernel(FederatedKernel):
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
     :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
-    :param bool trace_gradients: trace the batched model gradient once per shape (faster; see
-        :class:`~pyro_fed.FederatedPotential`).
+    :param str gradient_mode: ``"traced"`` (default), ``"compiled"`` (faster per iteration after seconds of
+        compilation; for long runs) or ``"eager"``; see :class:`~pyro_fed.FederatedPotential`.
 
     Example:
 
@@ -67,7 +67,7 @@ class FaldKernel(FederatedKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        trace_gradients: bool = True,
+        gradient_mode: str = "traced",
     ):
         super().__init__(
             model,
@@ -77,7 +77,7 @@ class FaldKernel(FederatedKernel):
             prior_weights=prior_weights,
             plate=plate,
             init_strategy=init_strategy,
-            trace_gradients=trace_gradients,
+            gradient_mode=gradient_mode,
         )
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
