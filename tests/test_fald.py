@@ -9,9 +9,12 @@ from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel
 from pyro_fed.testing import (
+    batch_means_standard_error,
     covariance_standard_error,
+    fald_stationary_law,
     gaussian_regression_posterior,
     mean_standard_error,
+    regression_clients,
     stationary_moments,
 )
 
@@ -83,6 +86,26 @@ def test_fald_small_step_matches_exact_posterior():
         (draws.T.cov() - posterior_cov).abs()
         <= bias + Z * covariance_standard_error(transition, disc_cov, len(draws))
     ).all()
+
+
+@pytest.mark.slow
+def test_fald_with_local_steps_matches_exact_law_on_heterogeneous_regression():
+    # comm_prob < 1: clients drift toward their local posteriors between rounds; with full local batches
+    # the stacked client iterates follow a random linear recursion whose stationary law is exact
+    x, y, clients = heterogeneous_problem()
+    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / len(clients))
+    mean, _ = gaussian_regression_posterior(x, y, NOISE_SD)
+    step = 4 * 0.4 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    hyper = {"step_size": step, "comm_prob": 0.2, "noise_corr": 0.5}
+    law = fald_stationary_law(exact, **hyper)
+    assert (law.mean - mean).norm() > 10 * law.mean_standard_error(15000).max()  # drift is visible
+    draws = run(FaldKernel(gaussian_regression(NOISE_SD), clients, **hyper), (x, y), num_samples=15000)
+    draws = draws.get_samples()["w"]
+    assert ((draws.mean(0) - law.mean).abs() <= Z * law.mean_standard_error(len(draws))).all()
+    centred = draws - draws.mean(0)
+    products = centred[:, :, None] * centred[:, None, :]
+    # a Gaussian mixture over coin sequences: batch means give the covariance's standard error
+    assert ((products.mean(0) - law.cov).abs() <= Z * batch_means_standard_error(products)).all()
 
 
 @pytest.mark.parametrize("noise_corr", [0.0, 0.5, 1.0])
