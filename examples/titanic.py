@@ -121,8 +121,8 @@ def fald_step_size(x: torch.Tensor, num_clients: int, fraction: float) -> tuple[
     return num_clients * centralised_step, lipschitz
 
 
-def run_fald(x, y, clients, step_size: float, args) -> tuple[MCMC, float]:
-    kernel = pyro_fed.FaldKernel(
+def fald_kernel(clients, step_size: float) -> pyro_fed.FaldKernel:
+    return pyro_fed.FaldKernel(
         model,
         clients,
         step_size=step_size,
@@ -132,27 +132,14 @@ def run_fald(x, y, clients, step_size: float, args) -> tuple[MCMC, float]:
         noise_corr=1.0,
         batch_size=BATCH_SIZE,
     )
-    # FALD adapts nothing: "warm-up" is burn-in, the iterations that bring the chain from the prior
-    # median (w = 0) to the posterior.
-    mcmc = MCMC(
-        kernel,
-        num_samples=args.num_samples,
-        warmup_steps=args.warmup,
-        num_chains=NUM_CHAINS,
-        disable_progbar=args.smoke,
-    )
-    start = time.perf_counter()
-    mcmc.run(x, y)
-    return mcmc, time.perf_counter() - start
 
 
-def run_nuts(x, y, args) -> tuple[MCMC, float]:
-    # NUTS(model, jit_compile=True) would run about 1.7 times faster here, but Pyro's JIT relies on
-    # torch.jit.trace, which recent PyTorch deprecates; the plain kernel is fast enough.
-    kernel = NUTS(model)
+def run(kernel, x, y, num_samples: int, args) -> tuple[MCMC, float]:
+    """Run ``NUM_CHAINS`` chains of ``kernel``; for FALD, which adapts nothing, "warm-up" is burn-in: the
+    iterations that bring the chain from the prior median (w = 0) to the posterior."""
     mcmc = MCMC(
         kernel,
-        num_samples=args.nuts_samples,
+        num_samples=num_samples,
         warmup_steps=args.warmup,
         num_chains=NUM_CHAINS,
         disable_progbar=args.smoke,
@@ -261,7 +248,7 @@ def run_demo(args) -> dict:
     print(setup, flush=True)
 
     print("\nRunning FALD (federated, 10 clients) ...", flush=True)
-    fald_mcmc, fald_time = run_fald(x, y, clients, step_size, args)
+    fald_mcmc, fald_time = run(fald_kernel(clients, step_size), x, y, args.num_samples, args)
     start = time.perf_counter()
     fald = pyro_fed.to_inference_data(
         fald_mcmc, log_likelihood=True, posterior_predictive=True, coords=COORDS, dims=DIMS
@@ -269,7 +256,9 @@ def run_demo(args) -> dict:
     fald_arviz_time = time.perf_counter() - start
 
     print("Running NUTS (pooled data) ...", flush=True)
-    nuts_mcmc, nuts_time = run_nuts(x, y, args)
+    # NUTS(model, jit_compile=True) would run about 1.7 times faster here, but Pyro's JIT relies on
+    # torch.jit.trace, which recent PyTorch deprecates; the plain kernel is fast enough.
+    nuts_mcmc, nuts_time = run(NUTS(model), x, y, args.nuts_samples, args)
     # ArviZ cannot vectorise this model's log-likelihood over draws (x @ w needs w of shape [4]); we do
     # not need it for NUTS here, so skip it rather than get a warning.
     nuts = az.from_pyro(nuts_mcmc, log_likelihood=False, coords=COORDS, dims=DIMS)
