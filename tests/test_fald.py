@@ -207,3 +207,19 @@ def test_bad_clients_reported_at_setup():
     kernel = FaldKernel(logistic_model, torch.arange(9) % 2, step_size=1e-3)
     with pytest.raises(ValueError, match="clients has length 9 but the data plate has 10 points"):
         run(kernel, (x, (y > 0).double()), num_samples=5)
+
+
+def test_user_initial_params_and_fresh_inits_per_run():
+    x, y = regression_data(40)
+    labels = (y > 0).double()
+    start = torch.tensor([0.5, -1.0, 2.0])
+    kernel = FaldKernel(logistic_model, torch.arange(40) % 4, step_size=1e-12)
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=0, initial_params={"w": start}, disable_progbar=True)
+    mcmc.run(x, labels)
+    # a step of 1e-12 moves the chain by ~1e-6 from where it started
+    torch.testing.assert_close(mcmc.get_samples()["w"], start.expand(3, 3), atol=1e-5, rtol=0)
+    # without initial values, each run draws its own from the init strategy (init_to_median)
+    other = FaldKernel(logistic_model, torch.arange(40) % 4, step_size=1e-12)
+    first = run(other, (x, labels), num_samples=1, warmup=0).get_samples()["w"]
+    second = run(other, (x, labels), num_samples=1, warmup=0).get_samples()["w"]
+    assert not torch.equal(first, second)

@@ -81,6 +81,7 @@ class FederatedKernel(MCMCKernel):
         self.init_strategy = init_strategy
         self.potential: FederatedPotential | None = None
         self._initial_params = None
+        self._user_initial_params = None
         self._state = None
 
     # ------------------------------------------------------- subclass API
@@ -122,8 +123,9 @@ class FederatedKernel(MCMCKernel):
             if self.batch_size is None
             else MinibatchSampler(pot.client_indices, self.batch_size, self.rng, pot.dtype)
         )
-        if self._initial_params is None:
-            self._initial_params = pot.unconstrained_params(pot.initial_flat)
+        # the user's initial values if given (MCMC's initial_params), else a fresh draw of the init strategy
+        # for each chain and each run
+        self._initial_params = self._user_initial_params or pot.unconstrained_params(pot.initial_flat)
         self._state = self.init_state(pot.flatten(self._initial_params).to(pot.device, pot.dtype))
         self._warmup_steps = warmup_steps
         self._records: list[dict] = []
@@ -146,7 +148,7 @@ class FederatedKernel(MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: dict[str, torch.Tensor]) -> None:
-        self._initial_params = params
+        self._initial_params = self._user_initial_params = params
 
     @property
     def transforms(self):
