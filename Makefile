@@ -17,8 +17,8 @@ demo: $(BIN)/.installed
 	$(BIN)/python examples/titanic.py --out output/titanic
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check pyro_fed tests examples benchmarks
-	$(BIN)/ruff format --check pyro_fed tests examples benchmarks
+	$(BIN)/ruff check pyro_fed tests examples benchmarks tutorials
+	$(BIN)/ruff format --check pyro_fed tests examples benchmarks tutorials
 
 test: $(BIN)/.installed lint
 	$(BIN)/python -m pytest
