@@ -233,32 +233,53 @@ class Outcome(NamedTuple):
     noise_cov: torch.Tensor
 
 
-def random_recursion_law(outcomes: list[Outcome], read: torch.Tensor) -> StationaryLaw:
+def random_recursion_law(
+    outcomes: list[Outcome],
+    read: torch.Tensor,
+    *,
+    method: str = "auto",
+    tol: float = 1e-11,
+    max_iter: int = 3000,
+) -> StationaryLaw:
     r"""Exact stationary law of ``read @ z`` for a random linear recursion of the state ``z``.
 
-    The mean solves :math:`(I - \sum_\omega \pi_\omega F_\omega)\mu = \sum_\omega \pi_\omega h_\omega`;
-    the second moment :math:`W = E[z z^\top]` solves
-    :math:`W = \sum_\omega \pi_\omega (F_\omega W F_\omega^\top + F_\omega \mu h_\omega^\top
-    + h_\omega \mu^\top F_\omega^\top + h_\omega h_\omega^\top + Q_\omega)`, vectorised with Kronecker
-    products (size :math:`n^2` for a state of size :math:`n`: small states only).
+    The mean solves :math:`(I - \sum_\omega \pi_\omega F_\omega)\mu = \sum_\omega \pi_\omega h_\omega`.
+    With :math:`\delta_\omega = F_\omega \mu + h_\omega - \mu`, the covariance solves
+    :math:`\Sigma = \sum_\omega \pi_\omega (F_\omega \Sigma F_\omega^\top + \delta_\omega
+    \delta_\omega^\top + Q_\omega)`: vectorised with Kronecker products (``method="kronecker"``,
+    :math:`O(n^6)` time for a state of size :math:`n`) or matrix-free (``"iterative"``, see
+    :func:`solve_second_moment`: states of a few hundred coordinates); ``"auto"`` picks by size.
+
+    :class:`ValueError` if the recursion is not mean-square stable (its second moments diverge): the map
+    :math:`T: \Sigma \mapsto \sum_\omega \pi_\omega F_\omega \Sigma F_\omega^\top` preserves the PSD
+    cone, and when its spectral radius exceeds 1 no PSD solution exists (for a source that excites the
+    unstable mode); a non-PSD solution is therefore reported.
     """
     n = outcomes[0].offset.shape[0]
-    eye = torch.eye(n, dtype=outcomes[0].offset.dtype)
+    dtype = outcomes[0].offset.dtype
+    eye = torch.eye(n, dtype=dtype)
     mean_map = sum(o.prob * o.transition for o in outcomes)
     mean = torch.linalg.solve(eye - mean_map, sum(o.prob * o.offset for o in outcomes))
-    kron = sum(o.prob * torch.kron(o.transition, o.transition) for o in outcomes)
-    source = sum(
-        o.prob
-        * (
-            torch.outer(o.transition @ mean, o.offset)
-            + torch.outer(o.offset, o.transition @ mean)
-            + torch.outer(o.offset, o.offset)
-            + o.noise_cov
+    source = torch.zeros(n, n, dtype=dtype)
+    for o in outcomes:
+        jump = o.transition @ mean + o.offset - mean
+        source = source + o.prob * (torch.outer(jump, jump) + o.noise_cov)
+    if method == "auto":
+        method = "kronecker" if n <= 30 else "iterative"
+    if method == "kronecker":
+        kron = sum(o.prob * torch.kron(o.transition, o.transition) for o in outcomes)
+        cov = torch.linalg.solve(torch.eye(n * n, dtype=dtype) - kron, source.reshape(-1)).reshape(n, n)
+    elif method == "iterative":
+        cov = solve_second_moment(outcomes, source, tol=tol, max_iter=max_iter)
+    else:
+        raise ValueError(f"method={method!r}: use 'auto', 'kronecker' or 'iterative'.")
+    cov = (cov + cov.T) / 2
+    eigenvalues = torch.linalg.eigvalsh(cov)
+    if eigenvalues[0] < -1e-8 * eigenvalues[-1].abs().clamp_min(1e-300):
+        raise ValueError(
+            f"the stationary covariance solves to a non-PSD matrix (smallest eigenvalue "
+            f"{float(eigenvalues[0]):.3e}): the recursion is not mean-square stable."
         )
-        for o in outcomes
-    )
-    second = torch.linalg.solve(torch.eye(n * n, dtype=eye.dtype) - kron, source.reshape(-1)).reshape(n, n)
-    cov = second - torch.outer(mean, mean)
     return StationaryLaw(read @ mean, read @ cov @ read.T, mean_map, cov, read)
 
 
@@ -272,65 +293,6 @@ def _average_map(b: int, d: int, dtype) -> torch.Tensor:
     return torch.kron(torch.full((b, b), 1.0 / b, dtype=dtype), torch.eye(d, dtype=dtype))
 
 
-def fald_stationary_law(
-    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float
-) -> StationaryLaw:
-    r"""Exact stationary law of FALD's reported draw :math:`\bar X` with full local
-    batches on Gaussian clients (``ALGORITHMS.md`` §1): a random linear recursion over the stacked
-    :math:`(X^1, \dots, X^b)` with outcomes "average" (:math:`p_c`) and "keep"."""
-    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
-    local = torch.eye(b * d, dtype=dtype) - step_size * torch.block_diag(*clients.precisions)
-    offset = step_size * (clients.precisions @ clients.means[..., None]).reshape(-1)
-    noise = _client_noise_cov(b, d, step_size, noise_corr, dtype)
-    outcomes = [
-        Outcome(prob, m @ local, m @ offset, m @ noise @ m.T)
-        for prob, m in (
-            (comm_prob, _average_map(b, d, dtype)),
-            (1 - comm_prob, torch.eye(b * d, dtype=dtype)),
-        )
-        if prob > 0
-    ]
-    return random_recursion_law(
-        outcomes, torch.kron(torch.full((1, b), 1.0 / b, dtype=dtype), torch.eye(d, dtype=dtype))
-    )
-
-
-def vr_fald_stationary_law(
-    clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, refresh_prob: float
-) -> StationaryLaw:
-    r"""Exact stationary law of VR-FALD⋆'s :math:`\bar X` with full local batches on
-    Gaussian clients (``ALGORITHMS.md`` §2). With full batches the shift :math:`C = \bar A Y - \bar c` is a
-    function of :math:`Y`, so the state is :math:`(X^1, \dots, X^b, Y)` and
-    :math:`G^i = A_i (X^i - Y) + \bar A Y - \bar c`; four outcomes (average or not, refresh or not)."""
-    b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
-    n = b * d
-    blocks = torch.block_diag(*clients.precisions)
-    mean_precision = clients.precisions.mean(0)
-    mean_offset = (clients.precisions @ clients.means[..., None]).mean(0)[..., 0]
-    ones = torch.kron(torch.ones(b, 1, dtype=dtype), torch.eye(d, dtype=dtype))  # [n, d]: Y to every client
-    # X~ = (I - g A) X + g (A 1 - 1 Abar) Y + g 1 cbar + noise
-    step_x = torch.cat(
-        [torch.eye(n, dtype=dtype) - step_size * blocks, step_size * (blocks @ ones - ones @ mean_precision)],
-        1,
-    )
-    offset_x = step_size * ones @ mean_offset
-    noise_x = _client_noise_cov(b, d, step_size, noise_corr, dtype)
-    keep_y = torch.cat([torch.zeros(d, n, dtype=dtype), torch.eye(d, dtype=dtype)], 1)
-    refresh_y = torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1)  # Y' = mean of the old X
-    outcomes = []
-    for comm, p_comm in ((True, comm_prob), (False, 1 - comm_prob)):
-        m = _average_map(b, d, dtype) if comm else torch.eye(n, dtype=dtype)
-        for y_row, p_refresh in ((refresh_y, refresh_prob), (keep_y, 1 - refresh_prob)):
-            prob = p_comm * p_refresh
-            if prob == 0:
-                continue
-            transition = torch.cat([m @ step_x, y_row], 0)
-            offset = torch.cat([m @ offset_x, torch.zeros(d, dtype=dtype)])
-            noise = torch.block_diag(m @ noise_x @ m.T, torch.zeros(d, d, dtype=dtype))
-            outcomes.append(Outcome(prob, transition, offset, noise))
-    return random_recursion_law(outcomes, torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1))
-
-
 # ------------------------------------------------------------ large states (matrix-free solves)
 def second_moment_operator(outcomes: list[Outcome]) -> Callable[[torch.Tensor], torch.Tensor]:
     r"""The map :math:`W \mapsto \sum_\omega \pi_\omega F_\omega W F_\omega^\top` of a random linear
@@ -341,13 +303,6 @@ def second_moment_operator(outcomes: list[Outcome]) -> Callable[[torch.Tensor], 
         return sum(prob * (f @ w @ f.T) for prob, f in pairs)
 
     return apply
-
-
-class SolveInfo(NamedTuple):
-    """Diagnostics of :func:`solve_second_moment`."""
-
-    iterations: int  #: operator applications (GMRES iterations)
-    residual: float  #: final relative residual :math:`\|S - (W - T W)\|_F / \|S\|_F`, recomputed exactly
 
 
 def _gmres(apply, rhs, *, tol: float, restart: int, max_iter: int) -> tuple[torch.Tensor, int, float]:
@@ -390,16 +345,16 @@ def solve_second_moment(
     tol: float = 1e-11,
     restart: int = 300,
     max_iter: int = 3000,
-) -> tuple[torch.Tensor, SolveInfo]:
+) -> torch.Tensor:
     r"""Solve :math:`W = \sum_\omega \pi_\omega F_\omega W F_\omega^\top + S` for a state of size ``n`` in
     :math:`O(n^3)` per iteration and :math:`O(n^2)` memory (the Kronecker solve of
-    :func:`random_recursion_law` needs :math:`O(n^6)` time and :math:`O(n^4)` memory).
+    Kronecker solve needs :math:`O(n^6)` time and :math:`O(n^4)` memory).
 
     Matrix-free restarted GMRES on :math:`(I - T)\,\mathrm{vec}\,W = \mathrm{vec}\,S`. Its iteration count
     grows with the number of eigenvalues of :math:`T` close to 1 (the slow modes of the chain), not with
     ``n``. The residual is recomputed exactly at the end; :class:`RuntimeError` if it exceeds ``10 * tol``.
     The returned ``W`` is symmetrised. This solves the linear equation whether or not the recursion is
-    mean-square stable; see :func:`random_recursion_law_large` for the stability check.
+    mean-square stable; see :func:`random_recursion_law` for the stability check.
     """
     n = source.shape[0]
     operator = second_moment_operator(outcomes)
@@ -417,50 +372,15 @@ def solve_second_moment(
             f"second-moment solve did not converge: relative residual {residual:.2e} after {iterations} "
             f"iterations (tol {tol:.0e}); raise max_iter or check mean-square stability."
         )
-    return w, SolveInfo(iterations, residual)
-
-
-def random_recursion_law_large(
-    outcomes: list[Outcome], read: torch.Tensor, *, tol: float = 1e-11, max_iter: int = 3000
-) -> tuple[StationaryLaw, SolveInfo]:
-    r"""Exact stationary law of ``read @ z`` for a random linear recursion, like
-    :func:`random_recursion_law`, for states of a few hundred coordinates (:func:`solve_second_moment`).
-
-    The covariance is solved directly (better conditioned than the raw second moment when the mean is
-    large): with the stationary mean :math:`\mu` and :math:`\delta_\omega = F_\omega \mu + h_\omega - \mu`,
-    :math:`\Sigma = \sum_\omega \pi_\omega (F_\omega \Sigma F_\omega^\top + \delta_\omega \delta_\omega^\top
-    + Q_\omega)`.
-
-    Mean-square stability: the map :math:`T` is positive (it preserves the PSD cone), so if the source is
-    positive definite a PSD solution exists only when the spectral radius of :math:`T` is below 1.
-    :class:`ValueError` if the solved covariance is not PSD (the recursion is then not mean-square stable:
-    its second moments diverge).
-
-    :returns: the law and the solver's diagnostics.
-    """
-    n = outcomes[0].offset.shape[0]
-    eye = torch.eye(n, dtype=outcomes[0].offset.dtype)
-    mean_map = sum(o.prob * o.transition for o in outcomes)
-    mean = torch.linalg.solve(eye - mean_map, sum(o.prob * o.offset for o in outcomes))
-    source = torch.zeros(n, n, dtype=eye.dtype)
-    for o in outcomes:
-        jump = o.transition @ mean + o.offset - mean
-        source = source + o.prob * (torch.outer(jump, jump) + o.noise_cov)
-    cov, info = solve_second_moment(outcomes, source, tol=tol, max_iter=max_iter)
-    eigenvalues = torch.linalg.eigvalsh(cov)
-    if eigenvalues[0] < -1e-8 * eigenvalues[-1].abs().clamp_min(1e-300):
-        raise ValueError(
-            f"the stationary covariance solves to a non-PSD matrix (smallest eigenvalue "
-            f"{float(eigenvalues[0]):.3e}): the recursion is not mean-square stable."
-        )
-    return StationaryLaw(read @ mean, read @ cov @ read.T, mean_map, cov, read), info
+    return w
 
 
 def fald_outcomes(
     clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float
 ) -> tuple[list[Outcome], torch.Tensor]:
-    """The random linear recursion of FALD with full local batches on Gaussian clients (the one
-    :func:`fald_stationary_law` solves): its outcomes and the read-out matrix of :math:`\\bar X`."""
+    r"""The random linear recursion of FALD with full local batches on Gaussian clients over the stacked
+    :math:`(X^1, \dots, X^b)`, with outcomes "average" (:math:`p_c`) and "keep": its outcomes and the
+    read-out matrix of :math:`\bar X`."""
     b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
     local = torch.eye(b * d, dtype=dtype) - step_size * torch.block_diag(*clients.precisions)
     offset = step_size * (clients.precisions @ clients.means[..., None]).reshape(-1)
@@ -479,9 +399,10 @@ def fald_outcomes(
 def vr_fald_outcomes(
     clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, refresh_prob: float
 ) -> tuple[list[Outcome], torch.Tensor]:
-    """The random linear recursion of VR-FALD⋆ with full local batches on Gaussian clients over the state
-    :math:`(X^1, \\dots, X^b, Y)` (the one :func:`vr_fald_stationary_law` solves): its outcomes and the
-    read-out matrix of :math:`\\bar X`."""
+    r"""The random linear recursion of VR-FALD⋆ with full local batches on Gaussian clients: its outcomes
+    and the read-out matrix of :math:`\bar X`. With full batches the shift :math:`C = \bar A Y - \bar c`
+    is a function of :math:`Y`, so the state is :math:`(X^1, \dots, X^b, Y)` and
+    :math:`G^i = A_i (X^i - Y) + \bar A Y - \bar c`; four outcomes (average or not, refresh or not)."""
     b, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
     n = b * d
     blocks = torch.block_diag(*clients.precisions)
@@ -510,24 +431,25 @@ def vr_fald_outcomes(
     return outcomes, torch.cat([ones.T / b, torch.zeros(d, d, dtype=dtype)], 1)
 
 
-def fald_stationary_law_large(
+def fald_stationary_law(
     clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, **solver
-) -> tuple[StationaryLaw, SolveInfo]:
-    """:func:`fald_stationary_law` for many clients (state size ``b·d`` up to a few hundred), with
-    :func:`random_recursion_law_large`; ``solver`` (``tol``, ``max_iter``) is passed on."""
-    return random_recursion_law_large(*fald_outcomes(clients, step_size, comm_prob, noise_corr), **solver)
+) -> StationaryLaw:
+    r"""Exact stationary law of FALD's reported draw :math:`\bar X` with full local batches on Gaussian
+    clients (``ALGORITHMS.md`` §1); ``solver`` options go to :func:`random_recursion_law`."""
+    return random_recursion_law(*fald_outcomes(clients, step_size, comm_prob, noise_corr), **solver)
 
 
-def vr_fald_stationary_law_large(
+def vr_fald_stationary_law(
     clients: GaussianClients,
     step_size: float,
     comm_prob: float,
     noise_corr: float,
     refresh_prob: float,
     **solver,
-) -> tuple[StationaryLaw, SolveInfo]:
-    """:func:`vr_fald_stationary_law` for many clients, with :func:`random_recursion_law_large`."""
-    return random_recursion_law_large(
+) -> StationaryLaw:
+    r"""Exact stationary law of VR-FALD⋆'s reported draw :math:`\bar X` with full local batches on Gaussian
+    clients (``ALGORITHMS.md`` §2); ``solver`` options go to :func:`random_recursion_law`."""
+    return random_recursion_law(
         *vr_fald_outcomes(clients, step_size, comm_prob, noise_corr, refresh_prob), **solver
     )
 
