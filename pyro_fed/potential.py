@@ -41,6 +41,12 @@ from .partition import to_index_lists
 GRADIENT_MODES = ("traced", "compiled", "eager")
 
 
+def check_gradient_mode(gradient_mode: str) -> str:
+    if gradient_mode not in GRADIENT_MODES:
+        raise ValueError(f"gradient_mode={gradient_mode!r}: use one of {GRADIENT_MODES}.")
+    return gradient_mode
+
+
 class LatentSite(NamedTuple):
     """A global latent site: its slice of the flat unconstrained vector and its transform."""
 
@@ -146,9 +152,7 @@ class FederatedPotential:
         self.prior_weights = self._make_prior_weights(prior_weights)
         self._check_model_reads_plate_indices()
         self._vmapped_grad = torch.func.vmap(torch.func.grad(self._client_potential))
-        if gradient_mode not in GRADIENT_MODES:
-            raise ValueError(f"gradient_mode={gradient_mode!r}: use one of {GRADIENT_MODES}.")
-        self.gradient_mode = gradient_mode
+        self.gradient_mode = check_gradient_mode(gradient_mode)
         self._gradient_functions: dict[tuple, Callable] = {}
         self._vmapped_value = torch.func.vmap(self._client_potential)
         self.full_batches = self.batches(self.client_indices)

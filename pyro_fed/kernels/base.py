@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -13,18 +14,22 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
 from ..minibatch import MinibatchSampler
-from ..potential import FederatedPotential
+from ..potential import FederatedPotential, check_gradient_mode
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_positive(name: str, value) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+    if not _is_number(value) or not value > 0:
         raise ValueError(f"{name} must be a positive number; got {value!r}.")
     return float(value)
 
 
 def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
     low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low_ok(value) and value <= 1):
+    if not _is_number(value) or not (low_ok(value) and value <= 1):
         interval = "[0, 1]" if allow_zero else "(0, 1]"
         raise ValueError(f"{name} must be a number in {interval}; got {value!r}.")
     return float(value)
@@ -66,7 +71,7 @@ class FederatedKernel(MCMCKernel):
         gradient_mode: str = "traced",
     ):
         self.model = model
-        self.gradient_mode = gradient_mode
+        self.gradient_mode = check_gradient_mode(gradient_mode)
         self.clients = clients
         self.step_size = check_positive("step_size", step_size)
         if batch_size is not None and (
