@@ -13,7 +13,7 @@ points per client, at ``b = 1, 10, 100, 1000`` clients, for three implementation
     ``kernel.sample(params)``, which is exactly what :class:`pyro.infer.MCMC` calls once per iteration. This
     includes the kernel's bookkeeping (minibatch sampler, finite-check and revert, dispersion, per-draw
     record, bit accounting, building the returned ``params`` dict). Three gradient modes are timed: the
-    default ``gradient_mode="traced"``, ``"compiled"`` (the traced graph through ``torch.compile``) and
+    default ``gradient_mode="traced"``, ``"compiled"`` (the traced graph compiled by TorchInductor) and
     ``"eager"`` (the vmapped Pyro model at every call); the JSON records the one-off cost of ``setup`` plus
     the first call (which traces, and compiles, the gradient).
 (a) **python-loop** -- the same Pyro model evaluated client by client: for each client,
@@ -500,7 +500,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{met[targets['kernel_over_hand_met']]} with the default gradient_mode='traced'; "
             f"{compiled_hand:.3g}× — {met[targets['compiled_over_hand_met']]} with gradient_mode='compiled' "
             f"(after {target_row['kernel_setup_and_first_call_s']['kernel_compiled']:.1f} s of set-up and "
-            "compilation)",
+            "compilation in this run; TorchInductor caches compiled code, so a machine's first compilation "
+            "takes longer)",
         ]
     lines += [
         "",

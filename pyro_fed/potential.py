@@ -111,8 +111,9 @@ class FederatedPotential:
         :func:`~pyro.infer.autoguide.initialization.init_to_median`).
     :param str gradient_mode: how the batched gradient runs. ``"traced"`` (default): traced once per input
         shape into a graph of tensor operations, which removes the Python overhead of the model (2-3x
-        faster than ``"eager"``). ``"compiled"``: that graph compiled by :func:`torch.compile` (several
-        times faster again, after seconds of compilation per shape: for long runs). ``"eager"``: the Pyro
+        faster than ``"eager"``). ``"compiled"``: that graph compiled by TorchInductor, the compiler
+        behind :func:`torch.compile` (several times faster again, after seconds of compilation per shape,
+        tens of seconds on a machine's first compilation: for long runs). ``"eager"``: the Pyro
         model runs at every evaluation.
     """
 
@@ -344,7 +345,8 @@ class FederatedPotential:
         Tracing (:func:`torch.fx.experimental.proxy_tensor.make_fx`) removes the Python overhead of running
         the Pyro model. It is as safe as :func:`torch.func.vmap` itself: the points and indices are
         batched, so the model cannot branch on their values, and the data are constants of the run.
-        Compiling the traced graph (:func:`torch.compile`) fuses its operations. If a step fails, the
+        Compiling the traced graph with TorchInductor (the compiler behind :func:`torch.compile`) fuses its
+        operations. If a step fails, the
         previous one is used, with a warning.
         """
         key = tuple(a.shape for a in args)
@@ -355,9 +357,12 @@ class FederatedPotential:
             if self.gradient_mode in ("traced", "compiled"):
                 function = make_fx(lambda *a: self._vmapped_grad(*a))(*args)
             if self.gradient_mode == "compiled":
-                compiled = torch.compile(function, dynamic=False, fullgraph=True)
-                compiled(*args)  # compile now, so that a failure falls back here
-                function = compiled
+                # the graph is already traced to tensor operations: TorchInductor compiles it as it is
+                # (torch.compile would trace it again with Dynamo and check guards at every call, which
+                # costs more than the compiled gradient itself here)
+                import torch._inductor  # imported only when needed: it takes seconds
+
+                function = torch._inductor.compile(function, list(args))
         except Exception as error:  # a model or platform that cannot be traced/compiled keeps what works
             fallback = "eager" if function is self._vmapped_grad else "traced"
             warnings.warn(
