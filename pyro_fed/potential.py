@@ -390,14 +390,33 @@ class FederatedPotential:
     # ------------------------------------------------- per-draw evaluations
     def _map_draws(self, fn: Callable, values: dict[str, torch.Tensor], chunk_size: int | None, **vmap_kw):
         """Apply ``fn`` (one draw's constrained values -> dict of tensors) to draws with a leading dimension,
-        vectorised over chunks of draws."""
+        vectorised over chunks of draws.
+
+        Some samplers of ``torch.distributions`` (e.g. ``Normal.sample``) fill an unbatched tensor in place,
+        which :func:`torch.func.vmap` cannot give independent randomness per draw: those chunks run draw by
+        draw instead.
+        """
         num_draws = next(iter(values.values())).shape[0]
         chunk_size = chunk_size or max(1, 2**22 // max(self.num_data, 1))
         mapped = torch.func.vmap(fn, **vmap_kw)
+
+        def one_by_one(chunk):
+            outputs = [
+                fn({k: v[i] for k, v in chunk.items()}) for i in range(next(iter(chunk.values())).shape[0])
+            ]
+            return {k: torch.stack([o[k] for o in outputs]) for k in outputs[0]}
+
         chunks = []
         with pyro.validation_enabled(False), torch.no_grad():
             for start in range(0, num_draws, chunk_size):
-                chunks.append(mapped({k: v[start : start + chunk_size] for k, v in values.items()}))
+                chunk = {k: v[start : start + chunk_size] for k, v in values.items()}
+                try:
+                    chunks.append(mapped(chunk))
+                except RuntimeError as error:
+                    if "randomness" not in str(error):
+                        raise
+                    mapped = one_by_one
+                    chunks.append(mapped(chunk))
         return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
 
     def pointwise_log_likelihood(

@@ -89,8 +89,11 @@ def test_constrained_sites_and_from_pyro():
     kernel = FaldKernel(scaled_regression, torch.arange(30) % 3, step_size=3e-3, batch_size=5)
     mcmc = MCMC(kernel, num_samples=50, warmup_steps=20, disable_progbar=True)
     mcmc.run(x, y)
-    data = pyro_fed.to_inference_data(mcmc)
+    data = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
     assert (data.posterior["sigma"].values > 0).all()  # mapped back through the HalfNormal's transform
+    # replicates of a Normal likelihood: real-valued, and spread around the observations
+    replicates = data.posterior_predictive["y"].values
+    assert replicates.shape == (1, 50, 30) and len(np.unique(replicates)) == replicates.size
     # Pyro's own converter works too, since diagnostics carry "divergences"
     assert az.from_pyro(mcmc).sample_stats["diverging"].shape == (1, 50)
 

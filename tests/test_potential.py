@@ -35,6 +35,17 @@ def test_client_potentials_sum_to_full_potential(prior_weights):
         torch.testing.assert_close(pot.full_client_grads(point).sum(0), expected_grad, rtol=1e-12, atol=1e-10)
 
 
+def test_clients_as_index_tensors_or_ids_agree():
+    x, y = regression_data(len(CLIENTS))
+    by_ids = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    lists = [torch.nonzero(CLIENTS == i).flatten() for i in range(3)]
+    by_lists = FederatedPotential(scaled_regression, (x, y), clients=lists)
+    points = torch.randn(3, by_ids.dim)
+    torch.testing.assert_close(
+        by_lists.client_grads(points, by_lists.full_batches), by_ids.client_grads(points, by_ids.full_batches)
+    )
+
+
 def test_prior_share_follows_weights():
     x, y = regression_data(len(CLIENTS))
     weights = torch.tensor([0.5, 0.2, 0.3])
@@ -243,3 +254,17 @@ def test_error_bad_prior_weights():
         ValueError, match="prior_weights must be a tensor of 2 non-negative weights summing to 1"
     ):
         _build(logistic_model, (x, y), prior_weights=torch.tensor([0.5, 0.6]))
+
+
+def test_posterior_predictive_with_in_place_sampler_runs_draw_by_draw():
+    # Normal.sample fills a tensor in place, which vmap cannot randomise per draw: the draws run one by one
+    x, y = regression_data(50)
+    pot = FederatedPotential(scaled_regression, (x, y), clients=torch.arange(50) % 2)
+    w, sigma = torch.tensor([0.5, -1.0, 2.0]), 0.3
+    draws = {"w": w.expand(400, 3), "sigma": torch.full((400,), sigma)}
+    replicates = pot.posterior_predictive(draws, chunk_size=100)["y"]
+    assert replicates.shape == (400, 50)
+    residuals = (replicates - x @ w) / sigma  # standard normal, 20000 of them
+    assert abs(residuals.mean().item()) < 5 / 20000**0.5  # 5 sd of the mean
+    assert abs(residuals.std().item() - 1) < 5 / (2 * 20000) ** 0.5  # 5 sd of the sd
+    assert not torch.equal(replicates[0], replicates[1])
