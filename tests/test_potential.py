@@ -268,3 +268,18 @@ def test_posterior_predictive_with_in_place_sampler_runs_draw_by_draw():
     assert abs(residuals.mean().item()) < 5 / 20000**0.5  # 5 sd of the mean
     assert abs(residuals.std().item() - 1) < 5 / (2 * 20000) ** 0.5  # 5 sd of the sd
     assert not torch.equal(replicates[0], replicates[1])
+
+
+def test_factors_inside_and_outside_the_plate():
+    # a global factor counts with the prior (split by the prior weights); a factor in the plate is per datum
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        pyro.factor("ridge", -0.5 * w.square().sum())
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.factor("huber", -torch.nn.functional.huber_loss(x[idx] @ w, y[idx], reduction="none"))
+
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(model, (x, y), clients=CLIENTS)
+    assert pot.likelihood_sites == ["huber"] and pot.global_observed == ["ridge"]
+    point = torch.randn(3)
+    torch.testing.assert_close(pot.potential(point), pooled_potential(model, (x, y))({"w": point}))
