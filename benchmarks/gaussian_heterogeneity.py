@@ -184,7 +184,14 @@ def simulate(task: dict) -> dict:
     else:
         state = vr_fald.init(start, b, full_gradients, network)
         step = lambda s: vr_fald.step(  # noqa: E731
-            s, gradients, full_gradients, rng, network, **hyper, refresh_prob=task["comm_prob"]
+            s,
+            gradients,
+            full_gradients,
+            rng,
+            network,
+            **hyper,
+            refresh_prob=task["comm_prob"],
+            exact_gradients=True,  # full local batches: the stored grad U^i(Y) serves every step
         )
     iterations, burn_in = task["iterations"], task["iterations"] // 10
     kept = iterations - burn_in

@@ -79,24 +79,44 @@ def test_vr_fald_kernel_mean_closer_than_fald_kernel():
     assert (fa - mean).norm() > (vr - mean).norm()
 
 
-def test_control_variate_at_reference_point_is_the_full_gradient():
+@pytest.mark.parametrize("batch_size", [3, None])
+def test_control_variate_at_reference_point_is_the_full_gradient(batch_size):
+    # minibatches: two evaluations on one minibatch; full batches: the stored grad U^i(Y)
     x, y = regression_data(40)
-    kernel = VrFaldKernel(gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3, batch_size=3)
+    kernel = VrFaldKernel(
+        gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3, batch_size=batch_size
+    )
     kernel.setup(0, x, y)
     pot = kernel.potential
     reference = torch.randn(3)
     full = pot.full_client_grads(reference)
-    shift = full.mean(0)
+    state = vr_fald.VrFaldState(reference.expand(4, 3), reference, full, full.mean(0))
     batches = kernel.minibatches()
     grads = vr_fald.control_variate(
-        reference.expand(4, 3), reference, shift, lambda points: pot.client_grads(points, batches)
+        state, lambda points: pot.client_grads(points, batches), exact_gradients=kernel.full_local_batches
     )
     # every client gets C = (1/b) sum_i grad U^i(Y): together, the full gradient at Y
-    torch.testing.assert_close(grads, shift.expand(4, 3))
+    torch.testing.assert_close(grads, full.mean(0).expand(4, 3))
     torch.testing.assert_close(grads.sum(0), full.sum(0))
-    # and the initial shift is the mean full local gradient at the initial point
-    state = kernel._state
-    torch.testing.assert_close(state.shift, pot.full_client_grads(state.reference).mean(0))
+    # and the initial reference gradients and shift are the full local gradients at the initial point
+    start = kernel._state
+    torch.testing.assert_close(start.reference_grads, pot.full_client_grads(start.reference))
+    torch.testing.assert_close(start.shift, start.reference_grads.mean(0))
+
+
+def test_full_batch_control_variate_equals_the_two_evaluation_form():
+    x, y = regression_data(40)
+    kernel = VrFaldKernel(gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3)
+    kernel.setup(0, x, y)
+    pot = kernel.potential
+    reference = torch.randn(3)
+    full = pot.full_client_grads(reference)
+    state = vr_fald.VrFaldState(torch.randn(4, 3), reference, full, full.mean(0))
+    gradients = lambda points: pot.client_grads(points, pot.full_batches)  # noqa: E731
+    torch.testing.assert_close(
+        vr_fald.control_variate(state, gradients, exact_gradients=True),
+        vr_fald.control_variate(state, gradients, exact_gradients=False),
+    )
 
 
 def test_single_client_vr_fald_is_svrg_langevin():
@@ -115,7 +135,8 @@ def test_single_client_vr_fald_is_svrg_langevin():
     batch = kernel.minibatches()
     kernel.minibatches = lambda: batch  # one fixed minibatch S
     point, reference = torch.tensor([0.3, -0.2, 0.1]), torch.tensor([-0.5, 0.4, 0.0])
-    start = vr_fald.VrFaldState(point[None], reference, pot.full_client_grads(reference)[0])
+    full = pot.full_client_grads(reference)
+    start = vr_fald.VrFaldState(point[None], reference, full, full[0])
     g = lambda p: pot.client_grads(p[None], batch)[0]  # noqa: E731
     expected = point - 2e-3 * (g(point) - g(reference) + pot.full_client_grads(reference)[0])
     moves = []

@@ -37,6 +37,7 @@ from .rng import Randomness
 class VrFaldState(NamedTuple):
     clients: torch.Tensor  #: client iterates :math:`X^i`, ``[b, d]``
     reference: torch.Tensor  #: reference point :math:`Y`, ``[d]``
+    reference_grads: torch.Tensor  #: each client's full gradient :math:`\nabla U^i(Y)`, ``[b, d]``
     shift: torch.Tensor  #: :math:`C = \frac1b \sum_i \nabla U^i(Y)`, ``[d]``
 
 
@@ -48,13 +49,15 @@ class VrFaldInfo(NamedTuple):
 
 def refresh(
     clients: torch.Tensor, full_gradients: Callable[[torch.Tensor], torch.Tensor], network
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A new reference point (the clients' average) and its shift (the clients' mean full gradient)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A new reference point (the clients' average), the clients' full gradients there (each client keeps
+    its own) and the shift (their mean)."""
     reference = network.average(clients)
     network.broadcast(reference)
-    shift = network.average(full_gradients(reference))
+    reference_grads = full_gradients(reference)
+    shift = network.average(reference_grads)
     network.broadcast(shift)
-    return reference, shift
+    return reference, reference_grads, shift
 
 
 def init(
@@ -70,12 +73,16 @@ def position(state: VrFaldState) -> torch.Tensor:
     return state.clients.mean(0)
 
 
-def control_variate(
-    clients: torch.Tensor, reference: torch.Tensor, shift: torch.Tensor, gradients: Callable
-) -> torch.Tensor:
-    r""":math:`G^i = \hat\nabla U^i(X^i; S) - \hat\nabla U^i(Y; S) + C`, both terms on one minibatch."""
-    both = gradients(torch.stack([clients, reference.expand_as(clients)]))
-    return both[0] - both[1] + shift
+def control_variate(state: VrFaldState, gradients: Callable, exact_gradients: bool) -> torch.Tensor:
+    r""":math:`G^i = \hat\nabla U^i(X^i; S) - \hat\nabla U^i(Y; S) + C`, both terms on one minibatch.
+
+    With ``exact_gradients`` (full local batches) the second term is the stored :math:`\nabla U^i(Y)`, so
+    one gradient evaluation instead of two.
+    """
+    if exact_gradients:
+        return gradients(state.clients) - state.reference_grads + state.shift
+    both = gradients(torch.stack([state.clients, state.reference.expand_as(state.clients)]))
+    return both[0] - both[1] + state.shift
 
 
 def step(
@@ -89,19 +96,20 @@ def step(
     comm_prob: float,
     noise_corr: float,
     refresh_prob: float,
+    exact_gradients: bool = False,
 ) -> tuple[VrFaldState, VrFaldInfo]:
     """One VR-FALD⋆ iteration.
 
-    :param gradients: maps points ``[m, b, d]`` to minibatch gradients ``[m, b, d]`` on this
-        iteration's minibatches (the same minibatch for every ``m``).
+    :param gradients: maps points ``[m, b, d]`` (or ``[b, d]``) to minibatch gradients of the same shape on
+        this iteration's minibatches (the same minibatch for every ``m``).
     :param full_gradients: maps one point ``[d]`` to every client's full local gradient ``[b, d]``.
+    :param bool exact_gradients: the minibatches are the clients' full data (then :math:`\nabla U^i(Y)`
+        is not evaluated again at every step).
     """
     refreshed = rng.coin(refresh_prob)
-    new_pair = (
-        refresh(state.clients, full_gradients, network) if refreshed else (state.reference, state.shift)
-    )
-    grads = control_variate(state.clients, state.reference, state.shift, gradients)
+    new_reference = refresh(state.clients, full_gradients, network) if refreshed else tuple(state)[1:]
+    grads = control_variate(state, gradients, exact_gradients)
     clients, info = local_and_average(
         state.clients, grads, rng, network, step_size=step_size, comm_prob=comm_prob, noise_corr=noise_corr
     )
-    return VrFaldState(clients, *new_pair), VrFaldInfo(info.communicated, refreshed, info.dispersion)
+    return VrFaldState(clients, *new_reference), VrFaldInfo(info.communicated, refreshed, info.dispersion)

@@ -123,9 +123,10 @@ class FederatedKernel(MCMCKernel):
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         self.rng = Randomness(int(torch.randint(0, 2**62, ()).item()), pot.device)
         self.network = InProcessNetwork(pot.num_clients)
+        self.full_local_batches = self.batch_size is None or self.batch_size >= int(pot.client_sizes.max())
         self.minibatches = (
             (lambda: pot.full_batches)
-            if self.batch_size is None
+            if self.full_local_batches
             else MinibatchSampler(pot.client_indices, self.batch_size, self.rng, pot.dtype)
         )
         # the user's initial values if given (MCMC's initial_params), else a fresh draw of the init strategy

@@ -56,6 +56,7 @@ class VrFaldKernel(FaldKernel):
             comm_prob=self.comm_prob,
             noise_corr=self.noise_corr,
             refresh_prob=self.refresh_prob,
+            exact_gradients=self.full_local_batches,
         )
 
     def position(self, state):
