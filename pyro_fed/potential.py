@@ -346,8 +346,7 @@ class FederatedPotential:
         the Pyro model. It is as safe as :func:`torch.func.vmap` itself: the points and indices are
         batched, so the model cannot branch on their values, and the data are constants of the run.
         Compiling the traced graph with TorchInductor (the compiler behind :func:`torch.compile`) fuses its
-        operations. If a step fails, the
-        previous one is used, with a warning.
+        operations. If a step fails, the previous one is used, with a warning.
         """
         key = tuple(a.shape for a in args)
         if key in self._gradient_functions:

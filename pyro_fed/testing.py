@@ -18,37 +18,6 @@ import pyro.distributions as dist
 import torch
 
 
-def gaussian_regression_posterior(
-    x: torch.Tensor, y: torch.Tensor, noise_sd: float, prior_sd: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Exact posterior of :math:`w \sim N(0, s^2 I)`, :math:`y \mid w \sim N(x w, \sigma^2 I)`.
-
-    :returns: the posterior mean :math:`m = P^{-1} x^\top y / \sigma^2` and precision
-        :math:`P = I / s^2 + x^\top x / \sigma^2`; the potential is :math:`\frac12 (w-m)^\top P (w-m)`
-        up to a constant.
-    """
-    precision = torch.eye(x.shape[-1], dtype=x.dtype) / prior_sd**2 + x.T @ x / noise_sd**2
-    mean = torch.linalg.solve(precision, x.T @ y / noise_sd**2)
-    return mean, precision
-
-
-def stationary_moments(
-    transition: torch.Tensor, offset: torch.Tensor, noise_cov: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Stationary mean and covariance of :math:`z' = A z + c + \xi`, :math:`\xi \sim N(0, Q)`.
-
-    The mean solves :math:`(I - A)\mu = c`; the covariance solves the discrete Lyapunov equation
-    :math:`S = A S A^\top + Q` (vectorised: :math:`(I - A \otimes A)\,\mathrm{vec}\,S = \mathrm{vec}\,Q`).
-    """
-    d = transition.shape[0]
-    eye = torch.eye(d, dtype=transition.dtype)
-    mean = torch.linalg.solve(eye - transition, offset)
-    vec = torch.linalg.solve(
-        torch.eye(d * d, dtype=transition.dtype) - torch.kron(transition, transition), noise_cov.reshape(-1)
-    )
-    return mean, vec.reshape(d, d)
-
-
 def autocovariances(transition: torch.Tensor, covariance: torch.Tensor, tol: float = 1e-12) -> torch.Tensor:
     r"""Stationary autocovariances :math:`\Gamma_l = A^l S` for :math:`l = 0, 1, \dots` until negligible."""
     lags = [covariance]
@@ -66,13 +35,6 @@ def long_run_covariance(transition: torch.Tensor, covariance: torch.Tensor) -> t
     return forward + forward.T - covariance
 
 
-def mean_standard_error(transition: torch.Tensor, covariance: torch.Tensor, num_draws: int) -> torch.Tensor:
-    r"""Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws of
-    :math:`z' = A z + c + \xi` (the effective sample size made exact):
-    :math:`\sqrt{\mathrm{diag}(\sum_l \Gamma_l) / K}`."""
-    return (long_run_covariance(transition, covariance).diagonal() / num_draws).sqrt()
-
-
 def batch_means_standard_error(values: torch.Tensor, num_batches: int = 25) -> torch.Tensor:
     """Standard error of the mean of a stationary series ``values`` (``[K, ...]``) by batch means: the
     spread of the means of ``num_batches`` consecutive batches, each much longer than the
@@ -80,22 +42,6 @@ def batch_means_standard_error(values: torch.Tensor, num_batches: int = 25) -> t
     k = values.shape[0] // num_batches * num_batches
     means = values[:k].reshape(num_batches, -1, *values.shape[1:]).mean(1)
     return means.std(0) / num_batches**0.5
-
-
-def covariance_standard_error(
-    transition: torch.Tensor, covariance: torch.Tensor, num_draws: int
-) -> torch.Tensor:
-    r"""Standard error of each entry of the sample covariance of ``num_draws`` stationary Gaussian draws.
-
-    By Isserlis' theorem :math:`\mathrm{Cov}(z_a z_b, z'_a z'_b) = \Gamma_{aa}\Gamma_{bb} +
-    \Gamma_{ab}\Gamma_{ba}` at each lag, so :math:`\mathrm{Var}(\hat S_{ab}) \approx \frac1K
-    \sum_{l \in \mathbb Z} (\Gamma_{l,aa}\Gamma_{l,bb} + \Gamma_{l,ab}\Gamma_{l,ba})`.
-    """
-    gammas = autocovariances(transition, covariance)
-    diag = gammas.diagonal(dim1=-2, dim2=-1)  # [L, d]
-    terms = diag[:, :, None] * diag[:, None, :] + gammas * gammas.transpose(-1, -2)
-    long_run = terms[0] + 2 * terms[1:].sum(0)
-    return (long_run / num_draws).sqrt()
 
 
 # ------------------------------------------------------------ federated Gaussian targets
@@ -218,9 +164,25 @@ class StationaryLaw(NamedTuple):
     read: torch.Tensor  #: the draw is ``read @ state``
 
     def mean_standard_error(self, num_draws: int) -> torch.Tensor:
-        """Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws."""
+        """Standard error of each coordinate of the sample mean of ``num_draws`` stationary draws (the
+        effective sample size made exact)."""
         long_run = self.read @ long_run_covariance(self.mean_transition, self.state_cov) @ self.read.T
         return (long_run.diagonal() / num_draws).sqrt()
+
+    def covariance_standard_error(self, num_draws: int) -> torch.Tensor:
+        r"""Standard error of each entry of the sample covariance of ``num_draws`` stationary draws, for a
+        *Gaussian* chain (a single outcome, e.g. FALD with ``comm_prob = 1``; with coins the chain is a
+        Gaussian mixture: use :func:`batch_means_standard_error`).
+
+        By Isserlis' theorem :math:`\mathrm{Cov}(z_a z_b, z'_a z'_b) = \Gamma_{aa}\Gamma_{bb} +
+        \Gamma_{ab}\Gamma_{ba}` at each lag, so :math:`\mathrm{Var}(\hat S_{ab}) \approx \frac1K
+        \sum_{l \in \mathbb Z} (\Gamma_{l,aa}\Gamma_{l,bb} + \Gamma_{l,ab}\Gamma_{l,ba})`, with the
+        draws' autocovariances :math:`\Gamma_l = r \bar F^l \Sigma r^\top`.
+        """
+        gammas = self.read @ autocovariances(self.mean_transition, self.state_cov) @ self.read.T
+        diag = gammas.diagonal(dim1=-2, dim2=-1)  # [L, d]
+        terms = diag[:, :, None] * diag[:, None, :] + gammas * gammas.transpose(-1, -2)
+        return ((terms[0] + 2 * terms[1:].sum(0)) / num_draws).sqrt()
 
 
 class Outcome(NamedTuple):

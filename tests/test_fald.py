@@ -8,15 +8,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel
-from pyro_fed.testing import (
-    batch_means_standard_error,
-    covariance_standard_error,
-    fald_stationary_law,
-    gaussian_regression_posterior,
-    mean_standard_error,
-    regression_clients,
-    stationary_moments,
-)
+from pyro_fed.testing import batch_means_standard_error, fald_stationary_law, regression_clients
 
 from .models import gaussian_regression, logistic_model, regression_data
 
@@ -25,11 +17,13 @@ Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per
 
 
 def heterogeneous_problem(num_data=40, num_clients=4):
+    """Regression data split by ranges of the first feature (the clients' local posteriors differ), and
+    the exact client potentials with the default proportional prior split."""
     x, y = regression_data(num_data)
-    # clients own contiguous ranges of the first feature: their local posteriors differ
     clients = torch.empty(num_data, dtype=torch.long)
     clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
-    return x, y, clients
+    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / num_data)
+    return x, y, clients, exact
 
 
 def run(kernel, args, num_samples, warmup=200, **kwargs):
@@ -38,53 +32,44 @@ def run(kernel, args, num_samples, warmup=200, **kwargs):
     return mcmc
 
 
-def check_against_linear_recursion(draws, transition, offset, noise_cov, expected_cov=None):
-    """Sample mean and covariance against the exact stationary law, with exact standard errors."""
-    mean, cov = stationary_moments(transition, offset, noise_cov)
+def check_against_gaussian_law(draws, law):
+    """Sample mean and covariance against the exact stationary law of a Gaussian chain, with exact
+    standard errors; returns the covariance tolerance."""
     k = draws.shape[0]
-    mean_tol = Z * mean_standard_error(transition, cov, k)
-    cov_tol = Z * covariance_standard_error(transition, cov, k)
-    assert ((draws.mean(0) - mean).abs() <= mean_tol).all(), (draws.mean(0), mean, mean_tol)
-    target = cov if expected_cov is None else expected_cov
-    assert ((draws.T.cov() - target).abs() <= cov_tol).all(), (draws.T.cov(), target, cov_tol)
-    return cov, cov_tol
+    mean_tol, cov_tol = Z * law.mean_standard_error(k), Z * law.covariance_standard_error(k)
+    assert ((draws.mean(0) - law.mean).abs() <= mean_tol).all(), (draws.mean(0), law.mean, mean_tol)
+    assert ((draws.T.cov() - law.cov).abs() <= cov_tol).all(), (draws.T.cov(), law.cov, cov_tol)
+    return cov_tol
 
 
 @pytest.mark.slow
 def test_fald_full_batch_matches_exact_discretised_law():
     # comm_prob = 1, full local batches: every iteration ends at consensus, and the average follows
     # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (ALGORITHMS.md §1): a Gaussian AR(1).
-    x, y, clients = heterogeneous_problem()
-    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
-    b, h = 4, 0.5 / torch.linalg.eigvalsh(precision).max().item()
-    kernel = FaldKernel(
-        gaussian_regression(NOISE_SD), clients, step_size=b * h, comm_prob=1.0, noise_corr=0.3
-    )
-    draws = run(kernel, (x, y), num_samples=20000).get_samples()["w"]
-    transition = torch.eye(3) - h * precision
-    cov, cov_tol = check_against_linear_recursion(
-        draws, transition, h * precision @ mean, 2 * h * torch.eye(3)
-    )
+    x, y, clients, exact = heterogeneous_problem()
+    _, posterior_cov = exact.posterior()
+    step = 4 * 0.5 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    hyper = {"step_size": step, "comm_prob": 1.0, "noise_corr": 0.3}
+    draws = run(FaldKernel(gaussian_regression(NOISE_SD), clients, **hyper), (x, y), num_samples=20000)
+    law = fald_stationary_law(exact, **hyper)
+    cov_tol = check_against_gaussian_law(draws.get_samples()["w"], law)
     # the test has power: at this step the discretised law is measurably not the posterior
-    assert ((cov - torch.linalg.inv(precision)).abs() > cov_tol).any()
+    assert ((law.cov - posterior_cov).abs() > cov_tol).any()
 
 
 @pytest.mark.slow
 def test_fald_small_step_matches_exact_posterior():
-    x, y, clients = heterogeneous_problem()
-    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
-    b, h = 4, 0.05 / torch.linalg.eigvalsh(precision).max().item()
-    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, step_size=b * h, comm_prob=1.0)
+    x, y, clients, exact = heterogeneous_problem()
+    mean, posterior_cov = exact.posterior()
+    step = 4 * 0.05 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, step_size=step, comm_prob=1.0)
     draws = run(kernel, (x, y), num_samples=30000, warmup=2000).get_samples()["w"]
-    transition = torch.eye(3) - h * precision
-    disc_mean, disc_cov = stationary_moments(transition, h * precision @ mean, 2 * h * torch.eye(3))
-    posterior_cov = torch.linalg.inv(precision)
+    law = fald_stationary_law(exact, step, 1.0, 1.0)
     # tolerance: Monte Carlo error plus the known discretisation bias (here at most 2.6% of a variance)
-    bias = (disc_cov - posterior_cov).abs()
-    assert ((draws.mean(0) - mean).abs() <= Z * mean_standard_error(transition, disc_cov, len(draws))).all()
+    bias = (law.cov - posterior_cov).abs()
+    assert ((draws.mean(0) - mean).abs() <= Z * law.mean_standard_error(len(draws))).all()
     assert (
-        (draws.T.cov() - posterior_cov).abs()
-        <= bias + Z * covariance_standard_error(transition, disc_cov, len(draws))
+        (draws.T.cov() - posterior_cov).abs() <= bias + Z * law.covariance_standard_error(len(draws))
     ).all()
 
 
@@ -92,9 +77,8 @@ def test_fald_small_step_matches_exact_posterior():
 def test_fald_with_local_steps_matches_exact_law_on_heterogeneous_regression():
     # comm_prob < 1: clients drift toward their local posteriors between rounds; with full local batches
     # the stacked client iterates follow a random linear recursion whose stationary law is exact
-    x, y, clients = heterogeneous_problem()
-    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / len(clients))
-    mean, _ = gaussian_regression_posterior(x, y, NOISE_SD)
+    x, y, clients, exact = heterogeneous_problem()
+    mean, _ = exact.posterior()
     step = 4 * 0.4 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
     hyper = {"step_size": step, "comm_prob": 0.2, "noise_corr": 0.5}
     law = fald_stationary_law(exact, **hyper)
@@ -112,7 +96,8 @@ def test_fald_with_local_steps_matches_exact_law_on_heterogeneous_regression():
 def test_single_client_fald_is_ula(noise_corr):
     # b = 1, comm_prob = 1: one transition from a fixed point is N(x - step * grad U(x), 2 step I)
     x, y = regression_data(30)
-    mean, precision = gaussian_regression_posterior(x, y, NOISE_SD)
+    single = regression_clients(x, y, torch.zeros(30, dtype=torch.long), NOISE_SD, torch.ones(1))
+    mean, precision = single.means[0], single.precisions[0]
     step = 0.3 / torch.linalg.eigvalsh(precision).max().item()
     kernel = FaldKernel(
         gaussian_regression(NOISE_SD),

@@ -16,11 +16,15 @@ def test_fald_law_at_full_communication_is_langevin_with_step_over_b():
     precision = torch.linalg.inv(cov)
     step = 0.5 / torch.linalg.eigvalsh(precision).max().item()
     law = testing.fald_stationary_law(clients, 3 * step, comm_prob=1.0, noise_corr=0.4)
-    ar_mean, ar_cov = testing.stationary_moments(
-        torch.eye(2) - step * precision, step * precision @ mean, 2 * step * torch.eye(2)
+    # Langevin on U alone: one outcome x' = (I - h P) x + h P m + sqrt(2h) xi
+    langevin = testing.Outcome(
+        1.0, torch.eye(2) - step * precision, step * precision @ mean, 2 * step * torch.eye(2)
     )
-    torch.testing.assert_close(law.mean, ar_mean)
-    torch.testing.assert_close(law.cov, ar_cov)
+    ar = testing.random_recursion_law([langevin], torch.eye(2))
+    torch.testing.assert_close(law.mean, ar.mean)
+    torch.testing.assert_close(law.cov, ar.cov)
+    # closed form of that AR(1): covariance (P - h P^2 / 2)^{-1}
+    torch.testing.assert_close(ar.cov, torch.linalg.inv(precision - step * precision @ precision / 2))
 
 
 def test_discretised_laws_tend_to_the_posterior_at_small_steps():

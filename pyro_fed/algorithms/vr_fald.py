@@ -38,7 +38,9 @@ class VrFaldState(NamedTuple):
     clients: torch.Tensor  #: client iterates :math:`X^i`, ``[b, d]``
     reference: torch.Tensor  #: reference point :math:`Y`, ``[d]``
     reference_grads: torch.Tensor  #: each client's full gradient :math:`\nabla U^i(Y)`, ``[b, d]``
-    shift: torch.Tensor  #: :math:`C = \frac1b \sum_i \nabla U^i(Y)`, ``[d]``
+    #: :math:`C = \frac1b \sum_i \nabla U^i(Y)`, ``[d]``: what the server broadcast (a client holds only its
+    #: own :math:`\nabla U^i(Y)`), kept rather than re-averaged at every step
+    shift: torch.Tensor
 
 
 class VrFaldInfo(NamedTuple):

@@ -134,7 +134,7 @@ class FederatedKernel(MCMCKernel):
         self._initial_params = self._user_initial_params or pot.unconstrained_params(pot.initial_flat)
         self._state = self.init_state(pot.flatten(self._initial_params).to(pot.device, pot.dtype))
         self._warmup_steps = warmup_steps
-        self._records: list[dict] = []
+        self._records: list[tuple] = []  # per iteration: (finite, cumulative uploaded bits, info)
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         batches = self.minibatches()
