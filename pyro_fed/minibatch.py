@@ -46,6 +46,7 @@ class MinibatchSampler:
         self.permutations = self.table.clone()
         # clients whose whole data fit in one batch use all of it every time and never reshuffle
         self.shuffled = self.batch_sizes < self.sizes
+        self.advance = np.where(self.shuffled, self.batch_sizes, 0)
         self.offsets = np.where(self.shuffled, self.sizes, 0)  # the others start with a reshuffle
 
     def _reshuffle(self, rows: np.ndarray) -> None:
@@ -61,5 +62,5 @@ class MinibatchSampler:
             self._reshuffle(ended)
         offsets = torch.as_tensor(self.offsets, device=self.rng.device)
         positions = (offsets[:, None] + self.columns).clamp(max=self.table.shape[1] - 1)
-        self.offsets += np.where(self.shuffled, self.batch_sizes, 0)
+        self.offsets += self.advance
         return ClientBatches(self.permutations.gather(1, positions), self.datum_weights)
