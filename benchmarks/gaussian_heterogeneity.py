@@ -13,7 +13,8 @@ mode) and :math:`\sigma_\star^2 = \int \|x - x_\star\|^2 d\pi` the trace of its 
 For each configuration :math:`(p_c, \gamma, \tau)` both samplers are run with **full local batches** and
 the exact analytic client gradients :math:`A_i (x - \mu_i)` (the paper's setting), through the library's
 pure algorithms -- :func:`pyro_fed.algorithms.fald.step` and :func:`pyro_fed.algorithms.vr_fald.step`
-with :class:`~pyro_fed.algorithms.rng.Randomness` and :class:`~pyro_fed.communication.InProcessNetwork`,
+(and :func:`~pyro_fed.algorithms.vr_fald.refresh`) with :class:`~pyro_fed.algorithms.rng.Randomness` and
+:class:`~pyro_fed.communication.InProcessNetwork`,
 exactly the updates the Pyro kernels run (``ALGORITHMS.md`` §1, §2); VR-FALD⋆ uses :math:`q_c = p_c`.
 Each chain starts with every client (and VR-FALD⋆'s reference point) at :math:`x_\star`, runs :math:`k_1`
 iterations, discards :math:`k_0 = k_1/10`, and estimates
@@ -100,6 +101,7 @@ import torch
 
 from pyro_fed import testing
 from pyro_fed.algorithms import fald, vr_fald
+from pyro_fed.algorithms.langevin import client_noise
 from pyro_fed.algorithms.rng import Randomness
 from pyro_fed.communication import InProcessNetwork
 
@@ -174,25 +176,45 @@ def simulate(task: dict) -> dict:
     clients, d, chains = prob["clients"], task["dim"], task["chains"]
     b, dtype = NUM_CLIENTS, torch.float32
     gradients = batched_gradients(clients, chains, dtype)
-    full_gradients = lambda y: gradients(y.expand(b, -1))  # noqa: E731  one point [C·d] -> [b, C·d]
-    rng, network = Randomness(task["seed"]), InProcessNetwork(b)
-    hyper = {"step_size": task["step_size"], "comm_prob": task["comm_prob"], "noise_corr": task["noise_corr"]}
-    start = prob["x_star"].to(dtype).repeat(chains)
-    if task["algorithm"] == "fald":
-        state = fald.init(start, b)
-        step = lambda s: fald.step(s, gradients, rng, network, **hyper)  # noqa: E731
-    else:
-        state = vr_fald.init(start, b, full_gradients, network)
-        step = lambda s: vr_fald.step(  # noqa: E731
-            s,
-            gradients,
-            full_gradients,
-            rng,
-            network,
-            **hyper,
-            refresh_prob=task["comm_prob"],
-            exact_gradients=True,  # full local batches: the stored grad U^i(Y) serves every step
+    # the pure algorithms carry a leading chain dimension; this script lays its chains side by side in the
+    # parameter dimension instead (see the caveat above), so the algorithms see one "chain" of C·d coordinates
+    full_gradients = lambda y: gradients(y[:, None, :].expand(-1, b, -1))  # noqa: E731  [1, C·d] -> [1, b, C·d]
+    rng, network = Randomness(task["seed"]), InProcessNetwork(b, chains * d)
+    step_size = torch.tensor(task["step_size"], dtype=dtype)
+    only_chain = torch.zeros(1, dtype=torch.long)
+    start = prob["x_star"].to(dtype).repeat(chains)[None]
+
+    def fald_step(state):
+        noise = client_noise(rng, (1,), b, chains * d, task["noise_corr"], dtype)
+        communicated = bool(rng.coins(task["comm_prob"], 1)[0])
+        state = algorithm.step(
+            state, gradients, noise, torch.tensor([communicated]), network, step_size=step_size, **extra
         )
+        return state, communicated
+
+    if task["algorithm"] == "fald":
+        algorithm, extra = fald, {}
+        state = fald.init(start, b)
+
+        def step(state):
+            state, communicated = fald_step(state)
+            return state, communicated, False
+
+    else:
+        # full local batches: the stored grad U^i(Y) serves every step
+        algorithm, extra = vr_fald, {"exact_gradients": True}
+        state = vr_fald.init(start, b, full_gradients, network)
+
+        def step(state):
+            refreshed = bool(rng.coins(task["comm_prob"], 1)[0])  # q_c = p_c
+            pair = vr_fald.refresh(state, only_chain, full_gradients, network) if refreshed else None
+            state, communicated = fald_step(state)  # with the old pair, which is replaced after the step
+            return (
+                (vr_fald.replace_pair(state, only_chain, pair) if refreshed else state),
+                communicated,
+                refreshed,
+            )
+
     iterations, burn_in = task["iterations"], task["iterations"] // 10
     kept = iterations - burn_in
     x_star = prob["x_star"].to(dtype).repeat(chains)
@@ -201,13 +223,13 @@ def simulate(task: dict) -> dict:
     buffer = torch.empty(block, chains * d, dtype=dtype)
     communications = refreshes = 0
     for _ in range(burn_in):
-        state, info = step(state)
+        state, _, _ = step(state)
     filled = 0
     for _ in range(kept):
-        state, info = step(state)
-        communications += info.communicated
-        refreshes += getattr(info, "refreshed", False)
-        torch.mean(state.clients, 0, out=buffer[filled])
+        state, communicated, refreshed = step(state)
+        communications += communicated
+        refreshes += refreshed
+        torch.mean(state.clients[0], 0, out=buffer[filled])
         filled += 1
         if filled == block:
             total += (buffer - x_star).double().square().view(block, chains, d).sum((0, 2))

@@ -1,45 +1,85 @@
 """What crosses the network, and what it costs.
 
-The algorithms never touch the clients' tensors across clients directly: they ask a network object to
-average uploads and to broadcast results, and the network counts the bits. :class:`InProcessNetwork`
-simulates all clients in one process as a batched tensor (the first dimension is the client); a
-``torch.distributed`` implementation with the same methods will run clients in separate processes.
+The algorithms never reduce across clients themselves: they ask a network object to average the clients'
+uploads and to broadcast the result, and every cross-client quantity (the reported client average, the
+dispersion) goes through it too. :class:`InProcessNetwork` simulates all clients in one process as a batched
+tensor (the client dimension is the second to last, after any chain dimensions); a ``torch.distributed``
+implementation with the same methods will run clients in separate processes.
 
-A float on the wire costs 32 bits (``ALGORITHMS.md`` §0).
+The tensor operations run inside the compiled iterations, so they count nothing themselves: which messages
+an iteration sends is decided by coins drawn on the host, and :meth:`InProcessNetwork.record` counts their
+bits from those coins, exactly and without waiting for the device. A float on the wire costs 32 bits.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 BITS_PER_FLOAT = 32
 
 
 class InProcessNetwork:
-    """All ``b`` clients in one process; counts the bits a real network would carry.
+    """All ``b`` clients of ``num_chains`` independent chains in one process; counts the bits a real network
+    would carry, per chain.
 
     :param int num_clients: number of clients ``b``.
+    :param int dim: number of floats in one message (the parameter dimension ``d``).
+    :param int num_chains: number of independent chains simulated together.
 
-    Counters (Python integers, so that reading them never waits for the device):
+    Counters, per chain (NumPy integer arrays, so that reading them never waits for the device):
 
     - ``uploaded_bits``: bits sent by clients to the server, summed over clients;
     - ``broadcast_bits``: bits sent by the server (one broadcast reaches every client);
-    - ``rounds``: number of averaging rounds.
+    - ``rounds``: number of averaging rounds of the iterates.
     """
 
-    def __init__(self, num_clients: int):
+    def __init__(self, num_clients: int, dim: int, num_chains: int = 1):
         self.num_clients = num_clients
-        self.uploaded_bits = 0
-        self.broadcast_bits = 0
-        self.rounds = 0
+        self.dim = dim
+        self.uploaded_bits = np.zeros(num_chains, dtype=np.int64)
+        self.broadcast_bits = np.zeros(num_chains, dtype=np.int64)
+        self.rounds = np.zeros(num_chains, dtype=np.int64)
 
-    def average(self, uploads: torch.Tensor) -> torch.Tensor:
-        """Every client uploads its row of ``uploads`` (``[b, d]``); the server returns their mean."""
-        self.uploaded_bits += BITS_PER_FLOAT * uploads.numel()
-        self.rounds += 1
-        return uploads.mean(0)
+    # ------------------------------------------------------------- tensors
+    @staticmethod
+    def average(uploads: torch.Tensor) -> torch.Tensor:
+        """Every client uploads its row of ``uploads`` (``[..., b, d]``); the server's mean ``[..., d]``."""
+        return uploads.mean(-2)
 
-    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
-        """The server sends ``value`` (``[d]``) to every client; returns the clients' copies ``[b, d]``."""
-        self.broadcast_bits += BITS_PER_FLOAT * value.numel()
-        return value.expand(self.num_clients, *value.shape)
+    @staticmethod
+    def broadcast(value: torch.Tensor, num_clients: int) -> torch.Tensor:
+        """The server sends ``value`` (``[..., d]``) to every client: the clients' copies ``[..., b, d]``."""
+        return value.unsqueeze(-2).expand(*value.shape[:-1], num_clients, value.shape[-1])
+
+    def average_where(self, communicate: torch.Tensor, clients: torch.Tensor) -> torch.Tensor:
+        """Clients of the chains whose coin ``communicate`` (``[C]``, boolean) is set are replaced by their
+        average; the others keep their iterates. A select, not a branch: the compiled iteration is the same
+        whatever the coins."""
+        averaged = self.broadcast(self.average(clients), clients.shape[-2])
+        return torch.where(communicate[:, None, None], averaged, clients)
+
+    def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
+        r""":math:`V = \frac1b \sum_i \|X^i - \bar X\|^2` per chain (a diagnostic of the simulation)."""
+        return self.average((clients - self.average(clients).unsqueeze(-2)).square().sum(-1, keepdim=True))[
+            ..., 0
+        ]
+
+    # ------------------------------------------------------------- accounting
+    def record(self, averaged: np.ndarray, rounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Count the messages of a chunk of iterations.
+
+        :param averaged: ``[K, C]`` number of ``d``-float averages (one upload per client and one broadcast
+            each) that each iteration of each chain made.
+        :param rounds: ``[K, C]`` whether each iteration averaged the clients' iterates.
+        :returns: ``[K, C]`` cumulative uploaded bits and cumulative rounds per chain after each iteration.
+        """
+        message = BITS_PER_FLOAT * self.dim
+        uploaded = self.uploaded_bits + np.cumsum(
+            np.asarray(averaged, np.int64) * message * self.num_clients, 0
+        )
+        cumulative_rounds = self.rounds + np.cumsum(np.asarray(rounds, np.int64), 0)
+        if len(uploaded):
+            self.uploaded_bits, self.rounds = uploaded[-1].copy(), cumulative_rounds[-1].copy()
+        self.broadcast_bits += np.asarray(averaged, np.int64).sum(0) * message
+        return uploaded, cumulative_rounds

@@ -22,7 +22,14 @@ def fald_run():
     x, y = regression_data(60)
     labels = (y > 0).double()
     pyro.set_rng_seed(1)
-    kernel = FaldKernel(logistic_model, torch.arange(60) % 3, step_size=0.03, comm_prob=0.5, batch_size=8)
+    kernel = FaldKernel(
+        logistic_model,
+        torch.arange(60) % 3,
+        step_size=0.03,
+        comm_prob=0.5,
+        batch_size=8,
+        gradient_mode="traced",
+    )
     mcmc = MCMC(kernel, num_samples=200, warmup_steps=50, num_chains=2, disable_progbar=True)
     mcmc.run(x, labels)
     return mcmc, x, labels
@@ -86,7 +93,9 @@ def test_arviz_functions(idata):
 def test_constrained_sites_and_from_pyro():
     x, y = regression_data(30)
     pyro.set_rng_seed(0)
-    kernel = FaldKernel(scaled_regression, torch.arange(30) % 3, step_size=3e-3, batch_size=5)
+    kernel = FaldKernel(
+        scaled_regression, torch.arange(30) % 3, step_size=3e-3, batch_size=5, gradient_mode="traced"
+    )
     mcmc = MCMC(kernel, num_samples=50, warmup_steps=20, disable_progbar=True)
     mcmc.run(x, y)
     data = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)

@@ -1,15 +1,32 @@
+import numpy as np
 import torch
 
 from pyro_fed.communication import InProcessNetwork
 
 
-def test_average_and_broadcast_count_bits():
-    network = InProcessNetwork(num_clients=4)
-    uploads = torch.arange(12.0).reshape(4, 3)
+def test_average_broadcast_and_select():
+    network = InProcessNetwork(num_clients=4, dim=3, num_chains=2)
+    uploads = torch.arange(24.0).reshape(2, 4, 3)
     mean = network.average(uploads)
-    torch.testing.assert_close(mean, uploads.mean(0))
-    copies = network.broadcast(mean)
-    assert copies.shape == (4, 3) and torch.equal(copies[2], mean)
-    assert network.uploaded_bits == 4 * 3 * 32
-    assert network.broadcast_bits == 3 * 32
-    assert network.rounds == 1
+    torch.testing.assert_close(mean, uploads.mean(1))
+    copies = network.broadcast(mean, 4)
+    assert copies.shape == (2, 4, 3) and torch.equal(copies[1, 2], mean[1])
+    selected = network.average_where(torch.tensor([True, False]), uploads)
+    torch.testing.assert_close(selected[0], mean[0].expand(4, 3))
+    torch.testing.assert_close(selected[1], uploads[1])
+    spread = (uploads - mean[:, None]).square().sum(-1).mean(-1)
+    torch.testing.assert_close(network.dispersion(uploads), spread)
+
+
+def test_bits_counted_from_host_coins():
+    network = InProcessNetwork(num_clients=4, dim=3, num_chains=2)
+    averaged = np.array([[1, 0], [0, 0], [3, 1]])  # averages per iteration (rows) and chain (columns)
+    rounds = np.array([[True, False], [False, False], [True, True]])
+    bits, cumulative_rounds = network.record(averaged, rounds)
+    per_average = 4 * 3 * 32  # 4 clients upload d = 3 floats of 32 bits
+    assert bits.tolist() == [[per_average, 0], [per_average, 0], [4 * per_average, per_average]]
+    assert cumulative_rounds.tolist() == [[1, 0], [1, 0], [2, 1]]
+    assert network.uploaded_bits.tolist() == [4 * per_average, per_average]
+    assert network.broadcast_bits.tolist() == [4 * 3 * 32, 3 * 32]
+    bits, _ = network.record(averaged[:1], rounds[:1])  # cumulative across chunks
+    assert bits.tolist() == [[5 * per_average, per_average]]

@@ -14,45 +14,70 @@ def client_indices():
     return out
 
 
+def sampler(batch_size=3, chunk_size=6, num_chains=1, seed=0):
+    return MinibatchSampler(
+        client_indices(),
+        batch_size,
+        chunk_size=chunk_size,
+        num_chains=num_chains,
+        rng=Randomness(seed),
+        dtype=torch.float64,
+    )
+
+
 def test_each_epoch_visits_every_point_once():
-    sampler = MinibatchSampler(client_indices(), batch_size=3, rng=Randomness(0), dtype=torch.float64)
-    seen = [[] for _ in SIZES]
+    indices = sampler()()  # [K = 6, b = 3, n = 3]
+    assert indices.shape == (6, 3, 3)
     # client 0 (10 points, 3 per batch): 3 batches per epoch, one point left out per epoch
-    for _ in range(3):
-        batch = sampler()
-        for i, n in enumerate(SIZES):
-            k = min(3, n)
-            seen[i].append(batch.indices[i, :k])
-    first_epoch = torch.cat(seen[0])
-    assert len(first_epoch.unique()) == 9 and first_epoch.min() >= 0 and first_epoch.max() < 10
+    for epoch in (indices[0:3, 0], indices[3:6, 0]):
+        assert len(epoch.unique()) == 9 and epoch.min() >= 0 and epoch.max() < 10
+    # client 1 (7 points): 2 batches per epoch
+    for epoch in (indices[0:2, 1], indices[2:4, 1], indices[4:6, 1]):
+        assert len(epoch.unique()) == 6 and epoch.min() >= 10 and epoch.max() < 17
     # client 2 has 3 points: the whole client every iteration
-    for b in seen[2]:
-        assert sorted(b.tolist()) == [17, 18, 19]
+    for k in range(6):
+        assert sorted(indices[k, 2].tolist()) == [17, 18, 19]
 
 
 def test_weights_and_padding():
-    sampler = MinibatchSampler(client_indices(), batch_size=4, rng=Randomness(1), dtype=torch.float64)
-    batch = sampler()
+    s = sampler(batch_size=4)
     expected = torch.tensor([[10 / 4] * 4, [7 / 4] * 4, [1.0, 1.0, 1.0, 0.0]])
-    torch.testing.assert_close(batch.datum_weights, expected)
+    torch.testing.assert_close(s.datum_weights, expected)
+    indices = s()
     for i, ix in enumerate(client_indices()):
-        k = min(4, SIZES[i])
-        assert set(batch.indices[i, :k].tolist()) <= set(ix.tolist())
+        assert set(indices[:, i].flatten().tolist()) <= set(ix.tolist())
 
 
 def test_inclusion_frequencies_are_uniform():
-    sampler = MinibatchSampler(client_indices(), batch_size=3, rng=Randomness(2), dtype=torch.float64)
+    s = sampler(chunk_size=50)
     counts = torch.zeros(10)
-    iterations = 3000
-    for _ in range(iterations):
-        counts.index_add_(0, sampler().indices[0, :3], torch.ones(3))
-    # each point of client 0 is in a batch with probability 3/10; binomial-like sd sqrt(3000 * 0.3 * 0.7)
+    chunks = 60
+    for _ in range(chunks):
+        counts.index_add_(0, s()[:, 0].flatten(), torch.ones(50 * 3))
+    iterations = 50 * chunks
+    # each point of client 0 is in a batch with probability 3/10; the binomial sd sqrt(3000 * 0.3 * 0.7)
     # is an upper bound for these negatively correlated epochs; 5 sd
     assert ((counts - iterations * 0.3).abs() < 5 * (iterations * 0.21) ** 0.5).all()
 
 
-def test_same_seed_same_batches():
-    a = MinibatchSampler(client_indices(), batch_size=3, rng=Randomness(5), dtype=torch.float64)
-    b = MinibatchSampler(client_indices(), batch_size=3, rng=Randomness(5), dtype=torch.float64)
-    for _ in range(10):
-        assert torch.equal(a().indices, b().indices)
+def test_every_subset_equally_likely():
+    # client 1 of 7 points, batches of 3: the first batch of an epoch is one of C(7, 3) = 35 subsets,
+    # each with probability 1/35; chi-square over 35 cells with 20000 draws
+    s = sampler(chunk_size=1)
+    counts = {}
+    for _ in range(20000):
+        key = tuple(sorted(s()[0, 1].tolist()))
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 35
+    expected = 20000 / 35
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 80  # 34 degrees of freedom: P(chi2 > 80) < 1e-5
+
+
+def test_same_seed_same_batches_and_chains_differ():
+    a, b = sampler(num_chains=2, seed=5), sampler(num_chains=2, seed=5)
+    for _ in range(3):
+        first = a()
+        assert torch.equal(first, b())
+        assert first.shape == (6, 6, 3)  # [K, C·b, n]
+        assert not torch.equal(first[:, :2], first[:, 3:5])  # chain 1's clients draw their own batches

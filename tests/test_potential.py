@@ -97,12 +97,12 @@ def test_failed_tracing_falls_back_to_eager_with_a_warning(monkeypatch):
     def broken_make_fx(function):
         raise RuntimeError("cannot trace this")
 
-    monkeypatch.setattr("pyro_fed.potential.make_fx", broken_make_fx)
+    monkeypatch.setattr("pyro_fed.compile.make_fx", broken_make_fx)
     x, y = regression_data(len(CLIENTS))
     pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
     eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="eager")
     points = torch.randn(3, pot.dim)
-    with pytest.warns(UserWarning, match="could not prepare.*cannot trace this.*eager gradient"):
+    with pytest.warns(UserWarning, match="could not prepare.*cannot trace this.*running it eager"):
         grads = pot.client_grads(points, pot.full_batches)
     torch.testing.assert_close(grads, eager.client_grads(points, eager.full_batches))
 

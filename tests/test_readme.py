@@ -15,5 +15,5 @@ def test_readme_example_runs():
     exec(compile(blocks[0], str(README), "exec"), namespace)  # noqa: S102 - our own README
     idata = namespace["idata"]
     assert isinstance(idata, az.InferenceData)
-    assert idata.posterior["w"].shape == (1, 2000, 4)
+    assert idata.posterior["w"].shape == (4, 2000, 4)
     assert {"log_likelihood", "posterior_predictive", "sample_stats"} <= set(idata.groups())

@@ -4,6 +4,7 @@ import torch
 
 from pyro_fed import testing
 from pyro_fed.algorithms import fald, vr_fald
+from pyro_fed.algorithms.langevin import client_noise
 from pyro_fed.algorithms.rng import Randomness
 from pyro_fed.communication import InProcessNetwork
 
@@ -49,20 +50,22 @@ def test_vr_fald_mean_is_unbiased_fald_mean_is_not():
     assert (fa.mean - mean).norm() > 0.05
 
 
-def simulate(algorithm, clients, num_iterations, **hyper):
-    rng, network, b = Randomness(0), InProcessNetwork(clients.num_clients), clients.num_clients
-    full = lambda y: clients.gradients(y.expand(b, -1))  # noqa: E731
-    start = torch.zeros(clients.dim)
-    if algorithm is fald:
-        state = fald.init(start, b)
-        step = lambda s: fald.step(s, clients.gradients, rng, network, **hyper)  # noqa: E731
-    else:
-        state = vr_fald.init(start, b, full, network)
-        step = lambda s: vr_fald.step(s, clients.gradients, full, rng, network, **hyper)  # noqa: E731
-    draws = torch.empty(num_iterations, clients.dim)
+def simulate(algorithm, clients, num_iterations, step_size, comm_prob, noise_corr, refresh_prob=None):
+    """One chain of the pure algorithm with host coins and fresh noise, as the kernels run it."""
+    b, d = clients.num_clients, clients.dim
+    rng, network, chain = Randomness(0), InProcessNetwork(b, d), torch.zeros(1, dtype=torch.long)
+    full = lambda y: clients.gradients(y[:, None, :].expand(-1, b, -1))  # noqa: E731  [1, d] -> [1, b, d]
+    start, step_size = torch.zeros(1, d), torch.tensor(step_size)
+    state = fald.init(start, b) if algorithm is fald else vr_fald.init(start, b, full, network)
+    draws = torch.empty(num_iterations, d)
     for k in range(num_iterations):
-        state, _ = step(state)
-        draws[k] = algorithm.position(state)
+        refresh = refresh_prob is not None and bool(rng.coins(refresh_prob, 1)[0])
+        pair = vr_fald.refresh(state, chain, full, network) if refresh else None  # from the pre-step clients
+        noise = client_noise(rng, (1,), b, d, noise_corr, torch.float64)
+        communicate = torch.as_tensor(rng.coins(comm_prob, 1))
+        state = algorithm.step(state, clients.gradients, noise, communicate, network, step_size=step_size)
+        state = vr_fald.replace_pair(state, chain, pair) if refresh else state
+        draws[k] = algorithm.position(state, network)[0]
     return draws[num_iterations // 10 :]
 
 

@@ -10,6 +10,7 @@ from pyro.infer import MCMC
 import pyro_fed
 from pyro_fed import FaldKernel, VrFaldKernel, testing
 from pyro_fed.algorithms import vr_fald
+from pyro_fed.gradients import ClientBatches
 
 from .models import gaussian_regression, logistic_model, regression_data
 
@@ -79,40 +80,57 @@ def test_vr_fald_kernel_mean_closer_than_fald_kernel():
     assert (fa - mean).norm() > (vr - mean).norm()
 
 
+def kernel_gradients(kernel):
+    """The kernel's gradient estimates on its first minibatch: points [..., C = 1, b, d] -> same shape."""
+    pot = kernel.potential
+    if kernel.minibatches is None:
+        batches = pot.full_batches
+    else:
+        batches = ClientBatches(kernel.minibatches()[0], kernel.minibatches.datum_weights)
+    return lambda points: pot.client_grads(points.reshape(-1, pot.num_clients, pot.dim), batches).reshape(
+        points.shape
+    )
+
+
 @pytest.mark.parametrize("batch_size", [3, None])
 def test_control_variate_at_reference_point_is_the_full_gradient(batch_size):
     # minibatches: two evaluations on one minibatch; full batches: the stored grad U^i(Y)
     x, y = regression_data(40)
     kernel = VrFaldKernel(
-        gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3, batch_size=batch_size
+        gaussian_regression(0.5),
+        torch.arange(40) % 4,
+        step_size=1e-3,
+        batch_size=batch_size,
+        gradient_mode="traced",
     )
     kernel.setup(0, x, y)
     pot = kernel.potential
     reference = torch.randn(3)
     full = pot.full_client_grads(reference)
-    state = vr_fald.VrFaldState(reference.expand(4, 3), reference, full, full.mean(0))
-    batches = kernel.minibatches()
+    state = vr_fald.VrFaldState(reference.expand(1, 4, 3), reference[None], full[None], full.mean(0)[None])
     grads = vr_fald.control_variate(
-        state, lambda points: pot.client_grads(points, batches), exact_gradients=kernel.full_local_batches
+        state, kernel_gradients(kernel), exact_gradients=kernel.full_local_batches
     )
     # every client gets C = (1/b) sum_i grad U^i(Y): together, the full gradient at Y
-    torch.testing.assert_close(grads, full.mean(0).expand(4, 3))
-    torch.testing.assert_close(grads.sum(0), full.sum(0))
+    torch.testing.assert_close(grads[0], full.mean(0).expand(4, 3))
+    torch.testing.assert_close(grads[0].sum(0), full.sum(0))
     # and the initial reference gradients and shift are the full local gradients at the initial point
-    start = kernel._state
-    torch.testing.assert_close(start.reference_grads, pot.full_client_grads(start.reference))
-    torch.testing.assert_close(start.shift, start.reference_grads.mean(0))
+    start = vr_fald.VrFaldState(*kernel._state)
+    torch.testing.assert_close(start.reference_grads[0], pot.full_client_grads(start.reference[0]))
+    torch.testing.assert_close(start.shift, start.reference_grads.mean(1))
 
 
 def test_full_batch_control_variate_equals_the_two_evaluation_form():
     x, y = regression_data(40)
-    kernel = VrFaldKernel(gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3)
+    kernel = VrFaldKernel(
+        gaussian_regression(0.5), torch.arange(40) % 4, step_size=1e-3, gradient_mode="traced"
+    )
     kernel.setup(0, x, y)
     pot = kernel.potential
     reference = torch.randn(3)
     full = pot.full_client_grads(reference)
-    state = vr_fald.VrFaldState(torch.randn(4, 3), reference, full, full.mean(0))
-    gradients = lambda points: pot.client_grads(points, pot.full_batches)  # noqa: E731
+    state = vr_fald.VrFaldState(torch.randn(1, 4, 3), reference[None], full[None], full.mean(0)[None])
+    gradients = kernel_gradients(kernel)
     torch.testing.assert_close(
         vr_fald.control_variate(state, gradients, exact_gradients=True),
         vr_fald.control_variate(state, gradients, exact_gradients=False),
@@ -120,42 +138,53 @@ def test_full_batch_control_variate_equals_the_two_evaluation_form():
 
 
 def test_single_client_vr_fald_is_svrg_langevin():
-    # b = 1, p_c = 1: X' = X - step (g(X; S) - g(Y; S) + grad U(Y)) + sqrt(2 step) Z
+    # b = 1, p_c = 1: X' = X - step (g(X; S) - g(Y; S) + grad U(Y)) + sqrt(2 step) Z, on one fixed
+    # minibatch S; 3000 independent chains from the same (X, Y) give 3000 independent transitions
     x, y = regression_data(30)
     kernel = VrFaldKernel(
         gaussian_regression(0.5),
         torch.zeros(30, dtype=torch.long),
         step_size=2e-3,
         batch_size=4,
-        refresh_prob=0.5,
+        gradient_mode="traced",
     )
     pyro.set_rng_seed(0)
     kernel.setup(0, x, y)
-    pot = kernel.potential
-    batch = kernel.minibatches()
-    kernel.minibatches = lambda: batch  # one fixed minibatch S
+    pot, n = kernel.potential, 3000
+    batch = ClientBatches(kernel.minibatches()[0], kernel.minibatches.datum_weights)  # one fixed S
     point, reference = torch.tensor([0.3, -0.2, 0.1]), torch.tensor([-0.5, 0.4, 0.0])
     full = pot.full_client_grads(reference)
-    start = vr_fald.VrFaldState(point[None], reference, full, full[0])
-    g = lambda p: pot.client_grads(p[None], batch)[0]  # noqa: E731
-    expected = point - 2e-3 * (g(point) - g(reference) + pot.full_client_grads(reference)[0])
-    moves = []
-    for _ in range(3000):
-        kernel._state = start
-        moves.append(pot.flatten(kernel.sample(None)))
-    moves = torch.stack(moves)
-    sd = math.sqrt(2 * 2e-3)
-    assert ((moves.mean(0) - expected).abs() <= Z * sd / math.sqrt(3000)).all()
-    torch.testing.assert_close(
-        moves.T.cov(), sd**2 * torch.eye(3), atol=Z * sd**2 * math.sqrt(2 / 3000), rtol=0
+    start = vr_fald.VrFaldState(
+        point.expand(n, 1, 3), reference.expand(n, 3), full.expand(n, 1, 3), full[0].expand(n, 3)
     )
+    gradients = lambda p: pot.client_grads(p.reshape(-1, 1, 3), batch).reshape(p.shape)  # noqa: E731
+    step = torch.tensor(2e-3)
+    moves = vr_fald.step(
+        start,
+        gradients,
+        torch.randn(n, 1, 3),
+        torch.ones(n, dtype=torch.bool),
+        kernel.network,
+        step_size=step,
+    ).clients[:, 0]
+    g = lambda p: pot.client_grads(p[None], batch)[0]  # noqa: E731
+    expected = point - 2e-3 * (g(point) - g(reference) + full[0])
+    sd = math.sqrt(2 * 2e-3)
+    assert ((moves.mean(0) - expected).abs() <= Z * sd / math.sqrt(n)).all()
+    torch.testing.assert_close(moves.T.cov(), sd**2 * torch.eye(3), atol=Z * sd**2 * math.sqrt(2 / n), rtol=0)
 
 
 def test_sample_stats_record_refreshes_and_their_bits():
     x, y = regression_data(40)
     pyro.set_rng_seed(3)
     kernel = VrFaldKernel(
-        logistic_model, torch.arange(40) % 4, step_size=0.02, comm_prob=0.3, refresh_prob=0.2, batch_size=5
+        logistic_model,
+        torch.arange(40) % 4,
+        step_size=0.02,
+        comm_prob=0.3,
+        refresh_prob=0.2,
+        batch_size=5,
+        gradient_mode="traced",
     )
     mcmc = run(kernel, (x, (y > 0).double()), num_samples=300, warmup=0)
     idata = pyro_fed.to_inference_data(mcmc, log_likelihood=False)

@@ -1,8 +1,11 @@
 """Pure tensor implementations of the federated Langevin algorithms (no Pyro import).
 
-Each algorithm is a small module with ``init(...) -> State``, ``step(state, ...) -> (State, Info)`` and
-``position(state)`` (the global iterate reported as a draw), in the style of BlackJAX. States and infos are
-NamedTuples of tensors; randomness is explicit (:class:`~pyro_fed.algorithms.rng.Randomness`) and
-everything that crosses the network goes through a communication object
-(:mod:`pyro_fed.communication`).
+Each algorithm is a small module with ``init(positions, ...) -> State``, ``step(state, gradients, noise,
+coins, network, ...) -> State`` and ``position(state, network)`` (the global iterate reported as a draw), in
+the style of BlackJAX. States are NamedTuples of tensors with a leading chain dimension (independent chains
+simulated together). Randomness is explicit: the noise and the coins are inputs of ``step``, drawn ahead
+for a chunk of iterations, so that one iteration is a fixed sequence of tensor operations that can be
+traced, compiled and replayed (:mod:`pyro_fed.engine`). Everything that crosses the network goes through a
+communication object (:mod:`pyro_fed.communication`); ``averages(coins)`` tells it, on the host, what each
+iteration sent.
 """

@@ -10,9 +10,14 @@ with probability :math:`p_c` (one coin for all clients) the server averages the 
     \tilde X^i_{k+1} & \text{otherwise,}\end{cases}
 
 with :math:`B_{k+1} \sim \mathrm{Ber}(p_c)` and :math:`Z^i` from
-:func:`~pyro_fed.algorithms.langevin.correlated_client_noise`. The reported draw is the client average
+:func:`~pyro_fed.algorithms.langevin.client_noise`. The reported draw is the client average
 :math:`\bar X_k = \frac1b \sum_i X^i_k`. At consensus this is Langevin with step :math:`\gamma/b` on
 :math:`U = \sum_i U^i`.
+
+Tensors carry a leading chain dimension ``C`` (independent chains simulated together): client iterates are
+``[C, b, d]``, coins ``[C]``. The coins and the noise are inputs of :func:`step`, drawn ahead for a chunk of
+iterations, so that one iteration is a fixed sequence of tensor operations (a branch on the coin is a
+select) that can be compiled once and replayed.
 
 **Reference:** Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics: Toward a
 unified theory and new algorithms*, AISTATS 2023, Section 2.
@@ -23,81 +28,61 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from .langevin import correlated_client_noise, langevin_step
-from .rng import Randomness
+from .langevin import langevin_step
 
 
 class FaldState(NamedTuple):
-    clients: torch.Tensor  #: client iterates :math:`X^i`, ``[b, d]``
+    clients: torch.Tensor  #: client iterates :math:`X^i`, ``[C, b, d]``
 
 
-class FaldInfo(NamedTuple):
-    communicated: bool  #: whether the server averaged this iteration
-    dispersion: torch.Tensor  #: :math:`V_k = \frac1b \sum_i \|X^i_k - \bar X_k\|^2` after the step
+def init(positions: torch.Tensor, num_clients: int) -> FaldState:
+    """Every client of chain ``c`` starts at ``positions[c]`` (``[C, d]``)."""
+    return FaldState(positions[:, None, :].expand(-1, num_clients, -1).clone())
 
 
-def init(position: torch.Tensor, num_clients: int) -> FaldState:
-    """Every client starts at ``position`` (``[d]``)."""
-    return FaldState(position.expand(num_clients, -1).clone())
-
-
-def position(state: FaldState) -> torch.Tensor:
-    """The reported draw: the client average :math:`\\bar X`."""
-    return state.clients.mean(0)
-
-
-def dispersion(clients: torch.Tensor) -> torch.Tensor:
-    """:math:`\\frac1b \\sum_i \\|X^i - \\bar X\\|^2`."""
-    return (clients - clients.mean(0)).square().sum(-1).mean()
+def position(state, network) -> torch.Tensor:
+    """The reported draw: the client average :math:`\\bar X`, ``[C, d]``."""
+    return network.average(state.clients)
 
 
 def local_and_average(
     clients: torch.Tensor,
     grads: torch.Tensor,
-    rng: Randomness,
+    noise: torch.Tensor,
+    communicate: torch.Tensor,
     network,
-    *,
-    step_size: float,
-    comm_prob: float,
-    noise_corr: float,
-) -> tuple[torch.Tensor, FaldInfo]:
-    """The FALD iteration given the clients' gradient estimates: local steps, then averaging with
-    probability ``comm_prob``. Shared by FALD and VR-FALD⋆, which differ only in ``grads``."""
-    b, d = clients.shape
-    noise = correlated_client_noise(rng, b, d, noise_corr, clients.dtype)
-    proposed = langevin_step(clients, grads, step_size, noise)
-    communicated = rng.coin(comm_prob)
-    if communicated:
-        proposed = network.broadcast(network.average(proposed))
-    return proposed, FaldInfo(communicated, dispersion(proposed))
+    step_size: torch.Tensor,
+) -> torch.Tensor:
+    """The FALD iteration given the clients' gradient estimates: local steps, then averaging in the chains
+    whose coin is set. Shared by FALD and VR-FALD⋆, which differ only in ``grads``."""
+    return network.average_where(communicate, langevin_step(clients, grads, step_size, noise))
 
 
 def step(
     state: FaldState,
     gradients: Callable[[torch.Tensor], torch.Tensor],
-    rng: Randomness,
+    noise: torch.Tensor,
+    communicate: torch.Tensor,
     network,
     *,
-    step_size: float,
-    comm_prob: float,
-    noise_corr: float,
-) -> tuple[FaldState, FaldInfo]:
+    step_size: torch.Tensor,
+) -> FaldState:
     """One FALD iteration.
 
-    :param gradients: maps client points ``[b, d]`` to minibatch gradients ``[b, d]`` (fresh minibatches
-        of this iteration).
-    :param rng: the randomness (Gaussian noise on the device, the communication coin on the host).
-    :param network: the communication layer (averaging and broadcasting, with bit accounting).
+    :param gradients: maps client points ``[C, b, d]`` to this iteration's minibatch gradients.
+    :param noise: the clients' noises :math:`Z^i`, broadcastable to ``[C, b, d]``.
+    :param communicate: the coins :math:`B_{k+1}`, ``[C]`` boolean.
+    :param network: the communication layer (averaging and broadcasting).
+    :param step_size: :math:`\\gamma`, a tensor.
     """
-    clients, info = local_and_average(
-        state.clients,
-        gradients(state.clients),
-        rng,
-        network,
-        step_size=step_size,
-        comm_prob=comm_prob,
-        noise_corr=noise_corr,
+    return FaldState(
+        local_and_average(state.clients, gradients(state.clients), noise, communicate, network, step_size)
     )
-    return FaldState(clients), info
+
+
+def averages(communicated: np.ndarray) -> np.ndarray:
+    """Number of ``d``-float averages per iteration (host side, for the bit count): one per round."""
+    return communicated.astype(np.int64)

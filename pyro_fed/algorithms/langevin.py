@@ -9,30 +9,36 @@ import torch
 from .rng import Randomness
 
 
-def langevin_step(x: torch.Tensor, grad: torch.Tensor, step_size: float, noise: torch.Tensor) -> torch.Tensor:
+def langevin_step(
+    x: torch.Tensor, grad: torch.Tensor, step_size: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
     r"""One unadjusted Langevin step :math:`x - \gamma g + \sqrt{2\gamma}\, Z`.
 
     :param x: current point(s).
     :param grad: (estimate of) the potential's gradient at ``x``.
-    :param float step_size: :math:`\gamma > 0`.
-    :param noise: standard Gaussian noise :math:`Z` of the shape of ``x``.
+    :param step_size: :math:`\gamma > 0` (a tensor, so that a compiled step does not depend on its value).
+    :param noise: standard Gaussian noise :math:`Z`, broadcastable to the shape of ``x``.
     """
-    return x - step_size * grad + math.sqrt(2.0 * step_size) * noise
+    return x - step_size * grad + (2.0 * step_size).sqrt() * noise
 
 
-def correlated_client_noise(
-    rng: Randomness, num_clients: int, dim: int, noise_corr: float, dtype: torch.dtype
+def client_noise(
+    rng: Randomness, leading: tuple[int, ...], num_clients: int, dim: int, noise_corr: float, dtype
 ) -> torch.Tensor:
-    r"""Client noises :math:`Z^i = \sqrt{\tau/b}\,\tilde Z + \sqrt{1-\tau}\,\tilde Z^i`, ``[b, d]``.
+    r"""Client noises :math:`Z^i = \sqrt{\tau/b}\,\tilde Z + \sqrt{1-\tau}\,\tilde Z^i`, shaped
+    ``[*leading, b, d]`` — or ``[*leading, 1, d]`` when :math:`\tau = 1` (every client receives the same
+    noise, broadcast by the step rather than copied).
 
     :math:`\tilde Z` is shared by all clients (a common seed) and :math:`\tilde Z^i` private, so the client
     average always receives noise of variance :math:`1/b` per coordinate, for every :math:`\tau \in [0, 1]`
-    (``ALGORITHMS.md`` §1: the paper's synchronous coupling requires :math:`\sqrt{\tau/b}`).
+    (the paper's synchronous coupling requires :math:`\sqrt{\tau/b}`). Only the draws that :math:`\tau`
+    needs are made.
 
     **Reference:** Plassier et al., AISTATS 2023, eq. (6).
     """
-    noise = rng.normal(num_clients, dim, dtype=dtype)
     if noise_corr == 0.0:
-        return noise
-    shared = rng.normal(1, dim, dtype=dtype)
-    return math.sqrt(noise_corr / num_clients) * shared + math.sqrt(1.0 - noise_corr) * noise
+        return rng.normal(*leading, num_clients, dim, dtype=dtype)
+    shared = rng.normal(*leading, 1, dim, dtype=dtype) * math.sqrt(noise_corr / num_clients)
+    if noise_corr == 1.0:
+        return shared
+    return shared + math.sqrt(1.0 - noise_corr) * rng.normal(*leading, num_clients, dim, dtype=dtype)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
 class Randomness:
-    """Two seeded generators: one on the data's device for Gaussian noise and minibatches, one on the host
-    for the scalar coins (communication, refresh, participation).
+    """Two seeded streams: a generator on the data's device for Gaussian noise and minibatches, and one on
+    the host for the coins (communication, refresh, participation).
 
-    Coins are drawn on the host so that the Python branch they decide never waits for the device.
+    Coins are drawn on the host, a chunk of iterations at a time, so that the bits they decide are counted
+    exactly without waiting for the device, and the device receives them as a tensor.
 
     :param int seed: base seed (the kernels draw it from the global torch RNG at set-up, so that
         :func:`pyro.set_rng_seed` makes a run reproducible).
@@ -19,11 +21,14 @@ class Randomness:
     def __init__(self, seed: int, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.tensors = torch.Generator(self.device).manual_seed(seed)
-        self.coins = torch.Generator().manual_seed(seed + 1)
+        self.host = np.random.default_rng(seed + 1)
 
-    def coin(self, prob: float) -> bool:
-        """One Bernoulli(``prob``) draw; ``prob >= 1`` is always true and consumes no randomness."""
-        return prob >= 1.0 or float(torch.rand((), generator=self.coins)) < prob
+    def coins(self, prob: float, *shape: int) -> np.ndarray:
+        """Bernoulli(``prob``) draws as a boolean array; ``prob >= 1`` is always true and consumes no
+        randomness."""
+        if prob >= 1.0:
+            return np.ones(shape, dtype=bool)
+        return self.host.random(shape) < prob
 
     def normal(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
         """Standard Gaussian noise on the device."""

@@ -19,6 +19,10 @@ Besides the client iterates :math:`X^i`, all clients share a reference point :ma
 Since :math:`C` is the clients' mean, :math:`\mathbb E[G^i] \approx \nabla U / b` near :math:`Y`: no
 client drift. With ``b = 1`` and :math:`p_c = 1` this is SVRG Langevin dynamics.
 
+The refresh (a full-data gradient) is the expensive, rare event: it is not part of :func:`step`, which stays
+a fixed sequence of tensor operations, but a separate :func:`refresh` that the caller runs between
+iterations, for the chains whose refresh coin is set.
+
 **Reference:** Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics: Toward a
 unified theory and new algorithms*, AISTATS 2023, Section 3, eq. (17).
 """
@@ -28,51 +32,60 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from .fald import local_and_average
-from .rng import Randomness
+from .fald import local_and_average, position
+
+__all__ = [
+    "VrFaldState",
+    "averages",
+    "control_variate",
+    "init",
+    "position",
+    "refresh",
+    "replace_pair",
+    "step",
+]
 
 
 class VrFaldState(NamedTuple):
-    clients: torch.Tensor  #: client iterates :math:`X^i`, ``[b, d]``
-    reference: torch.Tensor  #: reference point :math:`Y`, ``[d]``
-    reference_grads: torch.Tensor  #: each client's full gradient :math:`\nabla U^i(Y)`, ``[b, d]``
-    #: :math:`C = \frac1b \sum_i \nabla U^i(Y)`, ``[d]``: what the server broadcast (a client holds only its
-    #: own :math:`\nabla U^i(Y)`), kept rather than re-averaged at every step
+    clients: torch.Tensor  #: client iterates :math:`X^i`, ``[C, b, d]``
+    reference: torch.Tensor  #: reference point :math:`Y`, ``[C, d]``
+    reference_grads: torch.Tensor  #: each client's full gradient :math:`\nabla U^i(Y)`, ``[C, b, d]``
+    #: :math:`C = \frac1b \sum_i \nabla U^i(Y)`, ``[C, d]``: what the server broadcast (a client holds only
+    #: its own :math:`\nabla U^i(Y)`), kept rather than re-averaged at every step
     shift: torch.Tensor
 
 
-class VrFaldInfo(NamedTuple):
-    communicated: bool  #: whether the server averaged the iterates
-    refreshed: bool  #: whether the reference point and shift were refreshed
-    dispersion: torch.Tensor  #: :math:`\frac1b \sum_i \|X^i - \bar X\|^2` after the step
-
-
 def refresh(
-    clients: torch.Tensor, full_gradients: Callable[[torch.Tensor], torch.Tensor], network
+    state: VrFaldState,
+    chains: torch.Tensor,
+    full_gradients: Callable[[torch.Tensor], torch.Tensor],
+    network,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A new reference point (the clients' average), the clients' full gradients there (each client keeps
-    its own) and the shift (their mean)."""
-    reference = network.average(clients)
-    network.broadcast(reference)
+    """The new pair of the chains ``chains`` (a LongTensor of chain indices): the reference point (their
+    clients' average), the clients' full gradients there (each client keeps its own) and the shift (their
+    mean). ``full_gradients`` maps points ``[r, d]`` to ``[r, b, d]``."""
+    reference = network.average(state.clients[chains])
     reference_grads = full_gradients(reference)
-    shift = network.average(reference_grads)
-    network.broadcast(shift)
-    return reference, reference_grads, shift
+    return reference, reference_grads, network.average(reference_grads)
+
+
+def replace_pair(state: VrFaldState, chains: torch.Tensor, pair: tuple) -> VrFaldState:
+    """``state`` with the pair (reference, reference_grads, shift) of the chains ``chains`` replaced."""
+    fields = [old.index_copy(0, chains, new) for old, new in zip(state[1:], pair, strict=True)]
+    return VrFaldState(state.clients, *fields)
 
 
 def init(
-    position: torch.Tensor, num_clients: int, full_gradients: Callable[[torch.Tensor], torch.Tensor], network
+    positions: torch.Tensor, num_clients: int, full_gradients: Callable[[torch.Tensor], torch.Tensor], network
 ) -> VrFaldState:
-    """Every client at ``position``; :math:`Y_0 = ` ``position`` and :math:`C_0` its mean full gradient."""
-    clients = position.expand(num_clients, -1).clone()
-    return VrFaldState(clients, *refresh(clients, full_gradients, network))
-
-
-def position(state: VrFaldState) -> torch.Tensor:
-    """The reported draw: the client average."""
-    return state.clients.mean(0)
+    """Every client of chain ``c`` at ``positions[c]``; :math:`Y_0` there and :math:`C_0` its mean full
+    gradient."""
+    clients = positions[:, None, :].expand(-1, num_clients, -1).clone()
+    reference_grads = full_gradients(positions)
+    return VrFaldState(clients, positions.clone(), reference_grads, network.average(reference_grads))
 
 
 def control_variate(state: VrFaldState, gradients: Callable, exact_gradients: bool) -> torch.Tensor:
@@ -81,37 +94,40 @@ def control_variate(state: VrFaldState, gradients: Callable, exact_gradients: bo
     With ``exact_gradients`` (full local batches) the second term is the stored :math:`\nabla U^i(Y)`, so
     one gradient evaluation instead of two.
     """
+    shift = state.shift[:, None, :]
     if exact_gradients:
-        return gradients(state.clients) - state.reference_grads + state.shift
-    both = gradients(torch.stack([state.clients, state.reference.expand_as(state.clients)]))
-    return both[0] - both[1] + state.shift
+        return gradients(state.clients) - state.reference_grads + shift
+    both = gradients(torch.stack([state.clients, state.reference[:, None, :].expand_as(state.clients)]))
+    return both[0] - both[1] + shift
 
 
 def step(
     state: VrFaldState,
     gradients: Callable[[torch.Tensor], torch.Tensor],
-    full_gradients: Callable[[torch.Tensor], torch.Tensor],
-    rng: Randomness,
+    noise: torch.Tensor,
+    communicate: torch.Tensor,
     network,
     *,
-    step_size: float,
-    comm_prob: float,
-    noise_corr: float,
-    refresh_prob: float,
+    step_size: torch.Tensor,
     exact_gradients: bool = False,
-) -> tuple[VrFaldState, VrFaldInfo]:
-    """One VR-FALD⋆ iteration.
+) -> VrFaldState:
+    """One VR-FALD⋆ iteration with the current pair (the refresh of step 1 is :func:`refresh`, run by the
+    caller before the step with the pre-step clients and applied after it).
 
-    :param gradients: maps points ``[m, b, d]`` (or ``[b, d]``) to minibatch gradients of the same shape on
-        this iteration's minibatches (the same minibatch for every ``m``).
-    :param full_gradients: maps one point ``[d]`` to every client's full local gradient ``[b, d]``.
-    :param bool exact_gradients: the minibatches are the clients' full data (then :math:`\nabla U^i(Y)`
+    :param gradients: maps points ``[m, C, b, d]`` (or ``[C, b, d]``) to minibatch gradients of the same
+        shape on this iteration's minibatches (the same minibatch for every ``m``).
+    :param bool exact_gradients: the minibatches are the clients' full data (then :math:`\\nabla U^i(Y)`
         is not evaluated again at every step).
+
+    The other arguments are those of :func:`pyro_fed.algorithms.fald.step`.
     """
-    refreshed = rng.coin(refresh_prob)
-    new_reference = refresh(state.clients, full_gradients, network) if refreshed else tuple(state)[1:]
     grads = control_variate(state, gradients, exact_gradients)
-    clients, info = local_and_average(
-        state.clients, grads, rng, network, step_size=step_size, comm_prob=comm_prob, noise_corr=noise_corr
+    return state._replace(
+        clients=local_and_average(state.clients, grads, noise, communicate, network, step_size)
     )
-    return VrFaldState(clients, *new_reference), VrFaldInfo(info.communicated, refreshed, info.dispersion)
+
+
+def averages(communicated: np.ndarray, refreshed: np.ndarray) -> np.ndarray:
+    """Number of ``d``-float averages per iteration (host side, for the bit count): one per round of the
+    iterates, two per refresh (the reference point and the shift)."""
+    return communicated.astype(np.int64) + 2 * refreshed.astype(np.int64)

@@ -1,7 +1,10 @@
 """Pyro ``MCMCKernel`` adapters of the federated algorithms."""
 
+from . import chains
 from .base import FederatedKernel
 from .fald import FaldKernel
 from .vr_fald import VrFaldKernel
+
+chains.install()
 
 __all__ = ["FaldKernel", "FederatedKernel", "VrFaldKernel"]

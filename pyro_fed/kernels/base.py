@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from ..algorithms.langevin import client_noise
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
+from ..compile import check_mode
+from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
-from ..potential import FederatedPotential, check_gradient_mode
+from ..potential import FederatedPotential
+
+#: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
+#: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
+MAX_CHUNK_ELEMENTS = 2**25
 
 
 def _is_number(value) -> bool:
@@ -27,6 +36,15 @@ def check_positive(name: str, value) -> float:
     return float(value)
 
 
+def check_positive_int(name: str, value, none_means: str | None = None) -> int | None:
+    if value is None and none_means is not None:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        alternative = f" or None ({none_means})" if none_means else ""
+        raise ValueError(f"{name} must be a positive integer{alternative}; got {value!r}.")
+    return int(value)
+
+
 def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
     low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
     if not _is_number(value) or not (low_ok(value) and value <= 1):
@@ -35,15 +53,60 @@ def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
     return float(value)
 
 
+def _inputs_signature(args: tuple, kwargs: dict) -> list:
+    """The model's arguments as compared between runs: each tensor by its memory and version counter (in-
+    place changes bump it; ``MCMC.run`` passes detached views, which share both), others by value. The
+    signature holds the tensors, so their memory cannot be reused by other data while it is kept."""
+    values = [*args, *(kwargs[k] for k in sorted(kwargs)), *sorted(kwargs)]
+    return [
+        (v, (v.data_ptr(), v.shape, v.stride(), v.dtype, v.device, v._version))
+        if torch.is_tensor(v)
+        else (v, None)
+        for v in values
+    ]
+
+
+def _same_inputs(old: list, new: list) -> bool:
+    """The same tensors, unmodified, and equal other arguments."""
+    return len(old) == len(new) and all(
+        key_a == key_b if key_a is not None or key_b is not None else _equal(a, b)
+        for (a, key_a), (b, key_b) in zip(old, new, strict=True)
+    )
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # objects without a boolean equality (arrays...): only the same object is equal
+        return a is b
+
+
+class ChainPlan(NamedTuple):
+    """What :class:`~pyro.infer.MCMC` will ask of the kernel (recorded when it is constructed, see
+    :mod:`pyro_fed.kernels.chains`)."""
+
+    num_chains: int
+    num_samples: (
+        int | None
+    )  #: draws after warm-up per chain (``None``: unknown, the kernel is driven by hand)
+    initial_params: dict | None  #: the user's initial values, ``{site: [C, ...]}``
+
+
 class FederatedKernel(MCMCKernel):
     """Base class of the federated kernels: a Pyro :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` that
-    splits the model's data plate into clients and runs one iteration of a federated algorithm per
-    :meth:`sample` call.
+    splits the model's data plate into clients and runs a federated algorithm, many iterations at a time.
 
-    Subclasses implement :meth:`init_state`, :meth:`step` and :meth:`position` by calling the pure
-    functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
+    Each :meth:`sample` call returns one draw (``thinning`` iterations after the previous one), served from
+    buffers that the kernel fills a chunk of iterations at a time: the randomness of a chunk (noise,
+    minibatches, coins) is drawn ahead, and the iterations run as one prepared function
+    (:mod:`pyro_fed.engine`). ``MCMC(kernel, num_chains=C)`` runs the ``C`` chains as one batched state
+    ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them one
+    chain after another, as it would from independent runs.
+
+    Subclasses implement :meth:`init_state`, :meth:`step` and :meth:`draw_coins` with the pure functions of
+    :mod:`pyro_fed.algorithms`. This class owns the rest: the
     :class:`~pyro_fed.potential.FederatedPotential`, the randomness, the minibatches, the network, reverting
-    non-finite steps (counted as divergences) and the per-draw statistics.
+    non-finite steps (counted as divergences), the buffers and the per-draw statistics.
 
     :param model: a Pyro model whose likelihood is a plate over data.
     :param clients: a LongTensor of length ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index
@@ -53,9 +116,15 @@ class FederatedKernel(MCMCKernel):
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
-    :param init_strategy: a Pyro init strategy (default: the prior median).
-    :param str gradient_mode: ``"traced"`` (default), ``"compiled"`` (faster per iteration after seconds of
-        compilation; for long runs) or ``"eager"``; see :class:`~pyro_fed.FederatedPotential`.
+    :param init_strategy: a Pyro init strategy (default: the prior median), drawn afresh for every chain.
+    :param str gradient_mode: how an iteration runs: ``"compiled"`` (default: traced once per shape and
+        compiled by TorchInductor; about a second of compilation, tens of seconds the first time on a
+        machine, then the fastest), ``"traced"`` (traced only) or ``"eager"`` (the Pyro model at every
+        iteration: the reference). A model that cannot be traced or compiled falls back with a warning.
+    :param int thinning: iterations per draw (default 1): each :meth:`sample` returns the iterate after
+        ``thinning`` more iterations, so ``num_samples`` draws cover ``thinning * num_samples`` iterations
+        and memory holds only the draws.
+    :param int chunk_size: iterations prepared and run per chunk (default 64).
     """
 
     def __init__(
@@ -68,40 +137,69 @@ class FederatedKernel(MCMCKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        gradient_mode: str = "traced",
+        gradient_mode: str = "compiled",
+        thinning: int = 1,
+        chunk_size: int = 64,
     ):
         self.model = model
-        self.gradient_mode = check_gradient_mode(gradient_mode)
+        self.gradient_mode = check_mode(gradient_mode)
         self.clients = clients
         self.step_size = check_positive("step_size", step_size)
-        if batch_size is not None and (
-            not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1
-        ):
-            raise ValueError(
-                f"batch_size must be a positive integer or None (full local data); got {batch_size!r}."
-            )
-        self.batch_size = batch_size
+        self.batch_size = check_positive_int("batch_size", batch_size, "full local data")
+        self.thinning = check_positive_int("thinning", thinning)
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.prior_weights = prior_weights
         self.plate = plate
         self.init_strategy = init_strategy
         self.potential: FederatedPotential | None = None
+        self.plan = ChainPlan(1, None, None)
         self._initial_params = None
         self._user_initial_params = None
-        self._state = None
+        self._chain = 0
+        self._served = 0  # draws served to MCMC in the current chain
+        self._iterations_needed = None
+        self._engine: ChunkEngine | None = None
+        self._engine_inputs: list = []
 
     # ------------------------------------------------------- subclass API
-    def init_state(self, position: torch.Tensor):
-        """The algorithm's initial state, all clients at ``position`` (``[d]``)."""
+    #: the algorithm's state NamedTuple
+    state_type: type
+
+    def init_state(self, positions: torch.Tensor):
+        """The algorithm's initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
         raise NotImplementedError
 
-    def step(self, state, gradients: Callable[[torch.Tensor], torch.Tensor]):
-        """One iteration of the algorithm: ``(state, info)``. ``gradients`` maps client points ``[..., b, d]``
-        to this iteration's minibatch gradients."""
+    def step(self, state, gradients: Callable, noise: torch.Tensor, communicate: torch.Tensor, step_size):
+        """One iteration of the algorithm (a pure tensor function): the new state. ``gradients`` maps client
+        points ``[..., C, b, d]`` to this iteration's minibatch gradients."""
         raise NotImplementedError
 
     def position(self, state) -> torch.Tensor:
-        """The global iterate reported as the draw (``[d]``)."""
+        """The global iterate of each chain reported as its draw, ``[C, d]``."""
         raise NotImplementedError
+
+    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
+        """The host coins of a chunk, ``{name: [K, C] bool}``; ``"communicated"`` is the averaging coin."""
+        raise NotImplementedError
+
+    def averages(self, coins: dict[str, np.ndarray]) -> np.ndarray:
+        """``[K, C]`` number of ``d``-float averages each iteration made (for the bit count)."""
+        raise NotImplementedError
+
+    def event_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
+        """``[K]`` bool: the iterations of a chunk preceded by an out-of-step event (none by default)."""
+        return np.zeros(len(coins["communicated"]), dtype=bool)
+
+    def event(self, state, coins: dict[str, np.ndarray]) -> Callable:
+        """The out-of-step event (e.g. VR-FALD⋆'s refresh) before an iteration whose coins are ``coins``
+        (``{name: [C]}``), computed from the state before that iteration: returns the function applied to
+        the state after it. Events split a chunk, so that expensive, rare work never runs inside the
+        compiled iteration."""
+        raise NotImplementedError
+
+    def noise_corr_value(self) -> float:
+        """The noise correlation :math:`\\tau` of the client noises."""
+        return 1.0
 
     # ------------------------------------------------------- Pyro MCMCKernel
     def build_potential(self, *args, **kwargs) -> FederatedPotential:
@@ -119,72 +217,232 @@ class FederatedKernel(MCMCKernel):
         )
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        self.potential = pot = self.build_potential(*args, **kwargs)
-        # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
-        self.rng = Randomness(int(torch.randint(0, 2**62, ()).item()), pot.device)
-        self.network = InProcessNetwork(pot.num_clients)
-        self.full_local_batches = self.batch_size is None or self.batch_size >= int(pot.client_sizes.max())
-        self.minibatches = (
-            (lambda: pot.full_batches)
-            if self.full_local_batches
-            else MinibatchSampler(pot.client_indices, self.batch_size, self.rng, pot.dtype)
-        )
-        # the user's initial values if given (MCMC's initial_params), else a fresh draw of the init strategy
-        # for each chain and each run
-        self._initial_params = self._user_initial_params or pot.unconstrained_params(pot.initial_flat)
-        self._state = self.init_state(pot.flatten(self._initial_params).to(pot.device, pot.dtype))
+        if self._continues_batched_run():
+            self._chain += 1
+            self._served = 0
+            return
         self._warmup_steps = warmup_steps
-        self._records: list[tuple] = []  # per iteration: (finite, cumulative uploaded bits, info)
+        self.potential = pot = self.build_potential(*args, **kwargs)
+        self._model_inputs = _inputs_signature(args, kwargs)
+        num_chains = self.plan.num_chains
+        # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
+        self.rng = Randomness(int(torch.randint(0, 2**62, (), device="cpu").item()), pot.device)
+        self.network = InProcessNetwork(pot.num_clients, pot.dim, num_chains)
+        self.full_local_batches = self.batch_size is None or self.batch_size >= int(pot.client_sizes.max())
+        self._chain, self._served, self._computed = 0, 0, 0
+        self._iterations_needed = (
+            None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * self.thinning
+        )
+        self._initial_params = self._initial_values(num_chains)
+        positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
+        self._state = tuple(self.init_state(positions))
+        per_iteration = num_chains * pot.num_clients * (pot.dim + (self.batch_size or 0))
+        # a chunk holds a whole number of draws
+        draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // self.thinning)
+        self._chunk = draws_per_chunk * self.thinning
+        self.minibatches = (
+            None
+            if self.full_local_batches
+            else MinibatchSampler(
+                pot.client_indices,
+                self.batch_size,
+                chunk_size=self._chunk,
+                num_chains=num_chains,
+                rng=self.rng,
+                dtype=pot.dtype,
+            )
+        )
+        self._constants = (torch.tensor(self.step_size, dtype=pot.dtype, device=pot.device),)
+        self._draws: list[torch.Tensor | None] = []  # per chunk: [draws, C, d]
+        self._stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
+        self._rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
+
+    def _continues_batched_run(self) -> bool:
+        """Whether this ``setup`` is Pyro's for the next chain of a batched run whose chains are computed."""
+        return (
+            self.potential is not None
+            and self._chain + 1 < self.plan.num_chains
+            and self._iterations_needed is not None
+            and self._served * self.thinning == self._iterations_needed
+        )
+
+    def _initial_values(self, num_chains: int) -> list[dict[str, torch.Tensor]]:
+        """The user's initial values if given, else a fresh draw of the init strategy for each chain."""
+        pot = self.potential
+        if self.plan.initial_params is not None and num_chains > 1:
+            return [{k: v[c] for k, v in self.plan.initial_params.items()} for c in range(num_chains)]
+        if self._user_initial_params is not None:
+            missing = {s.name for s in pot.latent_sites} - set(self._user_initial_params)
+            if missing:
+                raise ValueError(f"initial_params lacks the latent sites {sorted(missing)}.")
+            return [self._user_initial_params] * num_chains
+        flats = [pot.initial_flat] + [pot.draw_initial_flat() for _ in range(num_chains - 1)]
+        return [pot.unconstrained_params(flat) for flat in flats]
+
+    # -------------------------------------------------------- the iteration
+    def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
+        pot = self.potential
+
+        def gradients(points: torch.Tensor) -> torch.Tensor:
+            if indices is None:
+                return pot.full_gradient_fn(points.reshape(-1, pot.num_clients, pot.dim)).reshape(
+                    points.shape
+                )
+            copies = points[..., 0, 0, 0].numel()  # the same minibatch at every leading point
+            prior_weights = pot.prior_weights.repeat(copies * self.plan.num_chains)
+            grads = pot.gradient_fn(
+                points.reshape(-1, pot.dim),
+                indices.repeat(copies, 1),
+                self.minibatches.datum_weights.repeat(copies, 1),
+                prior_weights,
+            )
+            return grads.reshape(points.shape)
+
+        return gradients
+
+    def _iteration(self, state, inputs, constants):
+        """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
+        indices = inputs[0] if self.minibatches is not None else None
+        noise, communicate = inputs[-2:]
+        new = self.step(self.state_type(*state), self._gradients(indices), noise, communicate, *constants)
+        # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
+        finite = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
+        # a non-finite step is reverted without waiting for the device: select, don't branch
+        new = tuple(
+            torch.where(finite.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
+        )
+        new_state = self.state_type(*new)
+        return new, (self.position(new_state), self.network.dispersion(new_state.clients), finite)
+
+    def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        pot, num_chains = self.potential, self.plan.num_chains
+        noise = self._noise(num_iterations, num_chains)
+        communicate = torch.as_tensor(coins["communicated"], device=pot.device)
+        if self.minibatches is None:
+            return noise, communicate
+        indices = self.minibatches()[:num_iterations]
+        return indices, noise, communicate
+
+    def _noise(self, num_iterations: int, num_chains: int) -> torch.Tensor:
+        pot = self.potential
+        return client_noise(
+            self.rng,
+            (num_iterations, num_chains),
+            pot.num_clients,
+            pot.dim,
+            self.noise_corr_value(),
+            pot.dtype,
+        )
+
+    def engine(self) -> ChunkEngine:
+        """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
+        kept across runs and chains only while the model's arguments are the same objects, unmodified
+        (then it is prepared once per shape: a new number of chains is a new shape)."""
+        inputs = self._model_inputs
+        if self._engine is None or not _same_inputs(self._engine_inputs, inputs):
+            self._engine = ChunkEngine(
+                self._iteration, self.gradient_mode, what=f"the {type(self).__name__} iteration"
+            )
+            self._engine_inputs = inputs
+        return self._engine
+
+    def _run_chunk(self) -> None:
+        """Compute the next chunk of draws of every chain."""
+        remaining = None if self._iterations_needed is None else self._iterations_needed - self._computed
+        num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
+        coins = self.draw_coins(num_iterations)
+        inputs = self._draw_inputs(num_iterations, coins)
+        engine, state, outputs, start = self.engine(), self._state, [], 0
+        for k in np.flatnonzero(self.event_iterations(coins)):
+            state, out = engine.run(state, inputs, self._constants, start, k)
+            outputs.append(out)
+            after = self.event(self.state_type(*state), {n: c[k] for n, c in coins.items()})
+            state, out = engine.run(state, inputs, self._constants, k, k + 1)
+            outputs.append(out)
+            state, start = tuple(after(self.state_type(*state))), k + 1
+        state, out = engine.run(state, inputs, self._constants, start, num_iterations)
+        outputs.append(out)
+        self._state = state
+        self._computed += num_iterations
+        self._record(coins, [torch.cat(column) for column in zip(*(o for o in outputs if o), strict=True)])
+
+    def _record(self, coins: dict[str, np.ndarray], outputs: list[torch.Tensor]) -> None:
+        """Keep every ``thinning``-th iterate as a draw, with its statistics."""
+        positions, dispersion, finite = outputs
+        t = self.thinning
+        bits, rounds = self.network.record(self.averages(coins), coins["communicated"])
+        window = lambda a: a.reshape(-1, t, *a.shape[1:]).any(1)  # noqa: E731
+        stats = {
+            "diverging": window(~finite.cpu().numpy()),
+            "uploaded_bits": bits[t - 1 :: t],
+            "dispersion": dispersion[t - 1 :: t].cpu().numpy(),
+            **{name: window(value) for name, value in coins.items()},
+        }
+        for name, value in stats.items():
+            self._stats.setdefault(name, []).append(value)
+        self._rounds.append(rounds[t - 1 :: t])
+        if self.plan.num_chains == 1 and self._draws:  # served as computed: keep only the current chunk
+            self._draws[-1] = None
+        self._draws.append(positions[t - 1 :: t])
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        batches = self.minibatches()
-        state, info = self.step(self._state, lambda points: self.potential.client_grads(points, batches))
-        # one reduction: a non-finite entry anywhere makes the sum non-finite
-        finite = torch.isfinite(sum(t.sum() for t in state))
-        # a non-finite step is reverted without waiting for the device: select, don't branch
-        self._state = type(state)(
-            *(torch.where(finite, new, old) for new, old in zip(state, self._state, strict=True))
+        draw = self._served
+        if (draw + 1) * self.thinning > self._computed:
+            self._run_chunk()
+        per_chunk = self._chunk // self.thinning
+        self._served += 1
+        return self.potential.unconstrained_params(
+            self._draws[draw // per_chunk][draw % per_chunk, self._chain]
         )
-        self._records.append((finite, self.network.uploaded_bits, info))
-        return self.potential.unconstrained_params(self.position(self._state))
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor] | None:
-        return self._initial_params
+        if self._initial_params is None:
+            return None
+        return self._initial_params[self._chain]
 
     @initial_params.setter
     def initial_params(self, params: dict[str, torch.Tensor]) -> None:
-        self._initial_params = self._user_initial_params = params
+        self._user_initial_params = params
 
     @property
     def transforms(self):
         return None if self.potential is None else self.potential.transforms
 
     def sample_stats(self) -> dict[str, np.ndarray]:
-        """Per-draw statistics of the iterations after warm-up, as NumPy arrays: ``diverging``,
-        ``uploaded_bits`` (cumulative, summed over clients, from the start of warm-up) and the fields of the
-        algorithm's info (e.g. FALD's ``communicated`` and ``dispersion``)."""
-        records = self._records[self._warmup_steps :]
-        if not records:
+        """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
+        ``diverging`` (a step was reverted), ``uploaded_bits`` (cumulative, summed over clients, from the
+        start of warm-up), ``dispersion`` and the algorithm's coins (``communicated``, and VR-FALD⋆'s
+        ``refreshed``). With ``thinning > 1`` the flags say whether it happened in the draw's iterations."""
+        if not self._stats or self._served <= self._warmup_steps:
             return {}
-        finite, bits, infos = zip(*records, strict=True)
-        stats = {"diverging": ~torch.stack(finite).cpu().numpy(), "uploaded_bits": np.array(bits)}
-        for name, values in zip(infos[0]._fields, zip(*infos, strict=True), strict=True):
-            stats[name] = (
-                torch.stack(values).cpu().numpy() if torch.is_tensor(values[0]) else np.array(values)
-            )
-        return stats
+        window = slice(self._warmup_steps, self._served)
+        return {name: np.concatenate(chunks)[window, self._chain] for name, chunks in self._stats.items()}
+
+    def _at_last_draw(self, chunks: list[np.ndarray]) -> int:
+        """A cumulative per-draw count at the last served draw of the current chain (0 before any)."""
+        if not self._served:
+            return 0
+        per_chunk = self._chunk // self.thinning
+        chunk, row = divmod(self._served - 1, per_chunk)
+        return int(chunks[chunk][row, self._chain])
 
     def diagnostics(self) -> dict:
         stats = self.sample_stats()
         return {
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
-            "communication rounds": self.network.rounds,
-            "uploaded bits": self.network.uploaded_bits,
+            "communication rounds": self._at_last_draw(self._rounds),
+            "uploaded bits": self._at_last_draw(self._stats.get("uploaded_bits", [])),
             "sample_stats": stats,
         }
 
     def logging(self) -> OrderedDict:
-        return OrderedDict(
-            [("rounds", self.network.rounds), ("Mbits up", f"{self.network.uploaded_bits / 1e6:.3g}")]
-        )
+        entries = [
+            ("rounds", self._at_last_draw(self._rounds)),
+            ("Mbits up", f"{self._at_last_draw(self._stats.get('uploaded_bits', [])) / 1e6:.3g}"),
+        ]
+        seconds = 0.0 if self._engine is None else self._engine.preparation_seconds
+        if seconds > 1:
+            entries.append(("compiled in", f"{math.ceil(seconds)} s"))
+        return OrderedDict(entries)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from pyro.infer.autoguide.initialization import init_to_median
 
 from ..algorithms import fald
@@ -24,7 +25,9 @@ class FaldKernel(FederatedKernel):
         X^i_{k+1} = \tfrac1b \textstyle\sum_l \tilde X^l_{k+1} \text{ if } B_{k+1} = 1
         \text{ else } \tilde X^i_{k+1}, \qquad B_{k+1} \sim \mathrm{Ber}(p_c).
 
-    Each :meth:`sample` call is one iteration and returns the client average :math:`\bar X_k`. At
+    Each :meth:`sample` call returns the client average :math:`\bar X_k` after one iteration (``thinning``
+    iterations with ``thinning > 1``); the iterations run a chunk at a time (see
+    :class:`~pyro_fed.FederatedKernel`), and ``MCMC(kernel, num_chains=C)`` runs ``C`` chains as one batch. At
     consensus the average follows Langevin dynamics with step :math:`\gamma/b` on the full potential
     :math:`U`, so a centralised SGLD step :math:`h` corresponds to ``step_size = b * h``. With
     ``comm_prob < 1`` and heterogeneous clients each :math:`X^i` drifts toward its own local posterior
@@ -45,8 +48,10 @@ class FaldKernel(FederatedKernel):
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
     :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
-    :param str gradient_mode: ``"traced"`` (default), ``"compiled"`` (faster per iteration after seconds of
-        compilation; for long runs) or ``"eager"``; see :class:`~pyro_fed.FederatedPotential`.
+    :param str gradient_mode: ``"compiled"`` (default), ``"traced"`` or ``"eager"``; see
+        :class:`~pyro_fed.FederatedKernel`.
+    :param int thinning: iterations per draw (default 1).
+    :param int chunk_size: iterations run per chunk (default 64).
 
     Example:
 
@@ -67,7 +72,9 @@ class FaldKernel(FederatedKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        gradient_mode: str = "traced",
+        gradient_mode: str = "compiled",
+        thinning: int = 1,
+        chunk_size: int = 64,
     ):
         super().__init__(
             model,
@@ -78,23 +85,28 @@ class FaldKernel(FederatedKernel):
             plate=plate,
             init_strategy=init_strategy,
             gradient_mode=gradient_mode,
+            thinning=thinning,
+            chunk_size=chunk_size,
         )
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
 
-    def init_state(self, position):
-        return fald.init(position, self.potential.num_clients)
+    state_type = fald.FaldState
 
-    def step(self, state, gradients):
-        return fald.step(
-            state,
-            gradients,
-            self.rng,
-            self.network,
-            step_size=self.step_size,
-            comm_prob=self.comm_prob,
-            noise_corr=self.noise_corr,
-        )
+    def init_state(self, positions):
+        return fald.init(positions, self.potential.num_clients)
+
+    def step(self, state, gradients, noise, communicate, step_size):
+        return fald.step(state, gradients, noise, communicate, self.network, step_size=step_size)
 
     def position(self, state):
-        return fald.position(state)
+        return fald.position(state, self.network)
+
+    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
+        return {"communicated": self.rng.coins(self.comm_prob, num_iterations, self.plan.num_chains)}
+
+    def averages(self, coins):
+        return fald.averages(coins["communicated"])
+
+    def noise_corr_value(self) -> float:
+        return self.noise_corr

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import torch
+
 from ..algorithms import vr_fald
 from .base import check_probability
 from .fald import FaldKernel
@@ -22,8 +27,9 @@ class VrFaldKernel(FaldKernel):
     (one minibatch in both terms, the pair :math:`(Y, C)` of before the refresh), followed by FALD's
     averaging with probability ``comm_prob``. The shift removes FALD's client drift under heterogeneous
     clients, and with full local batches the gradient noise vanishes. A refresh costs one full-data
-    gradient and two uploads and two broadcasts of ``d`` floats per client (counted in
-    ``uploaded_bits``); ``sample_stats`` records ``refreshed`` per draw.
+    gradient (each data point evaluated once) and two uploads and two broadcasts of ``d`` floats per client
+    (counted in ``uploaded_bits``); it runs between the compiled iterations, for the chains that refresh.
+    ``sample_stats`` records ``refreshed`` per draw.
 
     **Reference:** Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics: Toward a
     unified theory and new algorithms*, AISTATS 2023, Section 3.
@@ -34,30 +40,51 @@ class VrFaldKernel(FaldKernel):
     The other arguments are those of :class:`~pyro_fed.FaldKernel`.
     """
 
+    state_type = vr_fald.VrFaldState
+
     def __init__(self, model, clients, *, refresh_prob: float | None = None, **kwargs):
         super().__init__(model, clients, **kwargs)
         self.refresh_prob = check_probability(
             "refresh_prob", self.comm_prob if refresh_prob is None else refresh_prob
         )
 
-    def init_state(self, position):
-        return vr_fald.init(
-            position, self.potential.num_clients, self.potential.full_client_grads, self.network
-        )
+    def init_state(self, positions):
+        # the clients upload their full gradients at the initial point and the server broadcasts the
+        # shift; counted as the two averages of a refresh, as the first draw's bits have always shown
+        num_chains = positions.shape[0]
+        self.network.record(np.full((1, num_chains), 2), np.zeros((1, num_chains), dtype=bool))
+        return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
 
-    def step(self, state, gradients):
+    def _full_gradients(self, points: torch.Tensor) -> torch.Tensor:
+        """Every client's full gradient at each of ``r`` common points ``[r, d]``: ``[r, b, d]``. ``r`` is
+        padded to a power of two, so that at most ``log2(C) + 1`` shapes are ever prepared."""
+        pot, r = self.potential, points.shape[0]
+        padded = points[torch.arange(2 ** math.ceil(math.log2(r)), device=points.device).clamp(max=r - 1)]
+        return pot.full_client_grads(padded[:, None, :].expand(-1, pot.num_clients, -1))[:r]
+
+    def step(self, state, gradients, noise, communicate, step_size):
         return vr_fald.step(
             state,
             gradients,
-            self.potential.full_client_grads,
-            self.rng,
+            noise,
+            communicate,
             self.network,
-            step_size=self.step_size,
-            comm_prob=self.comm_prob,
-            noise_corr=self.noise_corr,
-            refresh_prob=self.refresh_prob,
+            step_size=step_size,
             exact_gradients=self.full_local_batches,
         )
 
-    def position(self, state):
-        return vr_fald.position(state)
+    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
+        coins = super().draw_coins(num_iterations)
+        coins["refreshed"] = self.rng.coins(self.refresh_prob, num_iterations, self.plan.num_chains)
+        return coins
+
+    def averages(self, coins):
+        return vr_fald.averages(coins["communicated"], coins["refreshed"])
+
+    def event_iterations(self, coins):
+        return coins["refreshed"].any(1)
+
+    def event(self, state, coins):
+        chains = torch.as_tensor(np.flatnonzero(coins["refreshed"]), device=state.clients.device)
+        pair = vr_fald.refresh(state, chains, self._full_gradients, self.network)
+        return lambda after: vr_fald.replace_pair(after, chains, pair)

@@ -1,0 +1,133 @@
+"""The iteration engine: many iterations of an algorithm per call, near the cost of the tensor work.
+
+An iteration of a federated sampler is a fixed sequence of tensor operations once its randomness (noise,
+minibatch indices, coins) is drawn ahead: the engine receives a pure function
+
+    ``iteration(state, inputs, constants) -> (new_state, outputs)``
+
+(tuples of tensors; ``inputs`` are one iteration's slice of the chunk's pre-drawn tensors), prepares it once
+per input shape (:mod:`pyro_fed.compile`: traced, and compiled by TorchInductor by default) and runs a
+chunk of iterations:
+
+- on the CPU, the prepared iteration called in a loop, each call a single fused function;
+- on a CUDA device, a whole chunk captured once as a CUDA graph and replayed, so that ``K`` iterations
+  cost one launch (partial chunks run iteration by iteration, as on the CPU).
+
+Nothing here knows Pyro or the algorithm: the kernels (:mod:`pyro_fed.kernels`) build the iteration
+function and its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .compile import Prepared, prepare
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+class ChunkEngine:
+    """Runs a pure iteration function over chunks of pre-drawn inputs.
+
+    :param iteration: ``(state, inputs, constants) -> (new_state, outputs)``, tuples of tensors; it must not
+        branch on tensor values (coins are selects) nor draw randomness.
+    :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (see :mod:`pyro_fed.compile`).
+    :param str what: what the iteration is, for log lines and warnings.
+    :param bool cuda_graphs: capture full chunks as CUDA graphs on CUDA devices.
+    """
+
+    def __init__(self, iteration: Callable, mode: str, *, what: str, cuda_graphs: bool = True):
+        self.iteration = iteration
+        self.mode = mode
+        self.what = what
+        self.cuda_graphs = cuda_graphs
+        self._prepared: dict[tuple, Prepared] = {}
+        self._graphs: dict[tuple, _ChunkGraph] = {}
+        self.preparation_seconds = 0.0
+
+    @staticmethod
+    def _key(*groups: Sequence[torch.Tensor]) -> tuple:
+        return tuple((t.shape, t.dtype, t.device) for group in groups for t in group)
+
+    def prepared(self, state: Tensors, step_inputs: Tensors, constants: Tensors) -> Prepared:
+        """The iteration prepared for these shapes (once per shape)."""
+        key = self._key(state, step_inputs, constants)
+        if key not in self._prepared:
+            counts = (len(state), len(step_inputs))
+
+            def flat(*tensors):
+                s, i = counts
+                new_state, outputs = self.iteration(tensors[:s], tensors[s : s + i], tensors[s + i :])
+                return (*new_state, *outputs)
+
+            self._prepared[key] = prepare(flat, (*state, *step_inputs, *constants), self.mode, what=self.what)
+            self.preparation_seconds += self._prepared[key].seconds
+        return self._prepared[key]
+
+    def run(
+        self, state: Tensors, inputs: Tensors, constants: Tensors, start: int, stop: int
+    ) -> tuple[Tensors, list[torch.Tensor]]:
+        """Iterations ``start .. stop - 1`` of a chunk.
+
+        :param state: the state before iteration ``start``.
+        :param inputs: the chunk's pre-drawn inputs, each ``[K, ...]`` (iteration ``k`` reads ``t[k]``).
+        :param constants: tensors every iteration reads (hyper-parameters).
+        :returns: the state after iteration ``stop - 1`` and the outputs stacked ``[stop - start, ...]``.
+        """
+        if stop <= start:
+            return state, []
+        num_state = len(state)
+        function = self.prepared(state, tuple(t[0] for t in inputs), constants)
+        full_chunk = start == 0 and stop == inputs[0].shape[0]
+        if full_chunk and self.cuda_graphs and state[0].is_cuda and function.mode != "eager":
+            key = self._key(state, inputs, constants)
+            if key not in self._graphs:
+                self._graphs[key] = _ChunkGraph(function, state, inputs, constants)
+            return self._graphs[key](state, inputs, constants)
+        outputs = []
+        for k in range(start, stop):
+            result = function(*state, *(t[k] for t in inputs), *constants)
+            state = tuple(result[:num_state])
+            outputs.append(result[num_state:])
+        return state, [torch.stack(column) for column in zip(*outputs, strict=True)]
+
+
+class _ChunkGraph:
+    """A full chunk of iterations captured as one CUDA graph over static buffers.
+
+    The state, the inputs and the constants are copied into the graph's static tensors before each replay;
+    the new state and the stacked outputs are written into static tensors by the graph, and cloned out.
+    """
+
+    def __init__(self, function: Prepared, state: Tensors, inputs: Tensors, constants: Tensors):
+        self.static = [t.clone() for t in (*state, *inputs, *constants)]
+        self.num_state, self.num_inputs = len(state), len(inputs)
+        self.num_iterations = inputs[0].shape[0]
+        # warm-up on a side stream (allocator, cuBLAS and autotuning state), as torch.cuda.graphs asks
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._iterate(function)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.new_state, self.outputs = self._iterate(function)
+
+    def _iterate(self, function: Prepared):
+        s, i = self.num_state, self.num_inputs
+        state, inputs, constants = self.static[:s], self.static[s : s + i], self.static[s + i :]
+        columns = []
+        for k in range(self.num_iterations):
+            result = function(*state, *(t[k] for t in inputs), *constants)
+            state = result[:s]
+            columns.append(result[s:])
+        return list(state), [torch.stack(column) for column in zip(*columns, strict=True)]
+
+    def __call__(self, state: Tensors, inputs: Tensors, constants: Tensors):
+        for static, value in zip(self.static, (*state, *inputs, *constants), strict=True):
+            static.copy_(value)
+        self.graph.replay()
+        return tuple(t.clone() for t in self.new_state), [t.clone() for t in self.outputs]

@@ -1,0 +1,181 @@
+"""The clients' potentials and their gradients, as pure tensor functions batched with :func:`torch.func.vmap`.
+
+With ``b`` clients, client ``i`` owning ``N_i`` points of the data plate, the potential (negative log
+posterior in the unconstrained space) is split as
+
+.. math::
+
+    U(x) = \\sum_{i=1}^b U^i(x), \\qquad
+    U^i(x) = \\varpi^i U^0(x) + \\sum_{j \\le N_i} U^i_j(x),
+
+where :math:`U^0` is the negative log prior plus the negative log-det-Jacobian of the unconstrained
+transforms, :math:`U^i_j` the negative log-likelihood of datum ``j`` of client ``i`` and
+:math:`\\sum_i \\varpi^i = 1`. A minibatch ``S`` of client ``i`` gives the unbiased estimate
+:math:`\\hat\\nabla U^i(x; S) = \\varpi^i \\nabla U^0(x) + (N_i/|S|) \\sum_{j \\in S} \\nabla U^i_j(x)`.
+
+The model is evaluated with each client's minibatch indices injected into the data plate, and all clients
+are evaluated at once with :func:`torch.func.vmap` (one vectorised model evaluation per call, never a
+Python loop over clients). The functions here are neither traced nor compiled: they can be traced inside
+larger functions (see :mod:`pyro_fed.compile`), and they switch validation off themselves.
+
+**Reference:** Plassier et al., *Federated Averaging Langevin Dynamics: Toward a unified theory and new
+algorithms*, AISTATS 2023, Section 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from .sites import ModelSites
+from .unconstrained import UnconstrainedSpace
+
+# full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d)
+_CHUNK_ELEMENTS = 2**24
+
+
+class ClientBatches(NamedTuple):
+    """Padded per-client data indices: ``indices[i, :n_i]`` are client ``i``'s, the rest padding.
+
+    ``datum_weights[i, j]`` is ``N_i / n_i`` on real entries and 0 on padding, so that
+    ``sum_j datum_weights[i, j] * loglik[indices[i, j]]`` estimates client ``i``'s log-likelihood.
+    """
+
+    indices: torch.Tensor  # [b, n] long
+    datum_weights: torch.Tensor  # [b, n] float
+
+
+def pad_batches(
+    indices: Sequence[torch.Tensor], client_sizes: torch.Tensor, dtype: torch.dtype
+) -> ClientBatches:
+    """Pad one index tensor per client into a :class:`ClientBatches` with weights ``N_i / n_i``."""
+    n = max(len(ix) for ix in indices)
+    padded = torch.zeros(len(indices), n, dtype=torch.long, device=client_sizes.device)
+    weights = torch.zeros(len(indices), n, dtype=dtype, device=client_sizes.device)
+    for i, ix in enumerate(indices):
+        padded[i, : len(ix)] = ix
+        weights[i, : len(ix)] = float(client_sizes[i]) / len(ix)
+    return ClientBatches(padded, weights)
+
+
+def make_prior_weights(
+    prior_weights: str | torch.Tensor, client_sizes: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The prior weights :math:`\\varpi^i`: ``"proportional"`` (:math:`N_i/N`), ``"uniform"`` (``1/b``) or
+    a user's tensor of ``b`` non-negative weights summing to one (checked)."""
+    b, device = len(client_sizes), client_sizes.device
+    if isinstance(prior_weights, str):
+        if prior_weights == "proportional":
+            return client_sizes.to(dtype) / client_sizes.sum()
+        if prior_weights == "uniform":
+            return torch.full((b,), 1.0 / b, dtype=dtype, device=device)
+        raise ValueError(
+            f"prior_weights={prior_weights!r}: use 'proportional', 'uniform' or a tensor of {b} "
+            "non-negative weights summing to 1."
+        )
+    weights = torch.as_tensor(prior_weights, dtype=dtype, device=device)
+    if weights.shape != (b,) or (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6:
+        raise ValueError(
+            f"prior_weights must be a tensor of {b} non-negative weights summing to 1 (one per "
+            f"client); got shape {tuple(weights.shape)} and sum {float(weights.sum()):.6g}."
+        )
+    return weights
+
+
+class ClientGradients:
+    """The clients' potentials :math:`U^i` and gradients of a model, batched over points and clients.
+
+    :param sites: the model's sites (:class:`~pyro_fed.sites.ModelSites`).
+    :param space: the flat unconstrained vector (:class:`~pyro_fed.unconstrained.UnconstrainedSpace`).
+    :param client_indices: one index tensor of data points per client.
+    :param prior_weights: the prior weights :math:`\\varpi^i`, ``[b]``.
+    """
+
+    def __init__(
+        self,
+        sites: ModelSites,
+        space: UnconstrainedSpace,
+        client_indices: Sequence[torch.Tensor],
+        prior_weights: torch.Tensor,
+    ):
+        self.sites = sites
+        self.space = space
+        self.num_clients = len(client_indices)
+        device = prior_weights.device
+        sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
+        # every datum, with its client: the full gradients run on the data, not on clients padded to N_max
+        self._datum_index = torch.cat(list(client_indices)).to(device)
+        self._datum_client = torch.repeat_interleave(torch.arange(self.num_clients, device=device), sizes)
+        # each datum carries its client's prior share varpi^i / N_i: client i's N_i data sum to varpi^i U^0
+        self._datum_prior_weight = (prior_weights / sizes)[self._datum_client]
+
+    def client_potential(
+        self, flat: torch.Tensor, indices: torch.Tensor, datum_weights: torch.Tensor, prior_weight
+    ) -> torch.Tensor:
+        """:math:`\\varpi U^0(x) - \\sum_j w_j \\log p(y_{k_j} | x)` at one point ``flat`` (``[d]``) for the
+        data ``indices`` (``[n]``) with weights ``datum_weights`` (``[n]``); a scalar."""
+        values, log_det = self.space.constrained(flat)
+        trace = self.sites.run(values, indices)
+        log_lik = sum(
+            self.sites.datum_log_prob(trace, name, indices.shape[0]) for name in self.sites.likelihood_sites
+        )
+        return -(
+            prior_weight * (self.sites.global_log_density(trace) + log_det) + (datum_weights * log_lik).sum()
+        )
+
+    def potential_fn(
+        self,
+        points: torch.Tensor,
+        indices: torch.Tensor,
+        datum_weights: torch.Tensor,
+        prior_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`client_potential` of ``m`` evaluations at once: ``points [m, d]``, ``indices [m, n]``,
+        ``datum_weights [m, n]``, ``prior_weights [m]`` -> ``[m]``."""
+        return torch.func.vmap(self.client_potential)(points, indices, datum_weights, prior_weights)
+
+    def gradient_fn(
+        self,
+        points: torch.Tensor,
+        indices: torch.Tensor,
+        datum_weights: torch.Tensor,
+        prior_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Gradients of :meth:`client_potential` for ``m`` evaluations at once (shapes as
+        :meth:`potential_fn`) -> ``[m, d]``: with one row per client and its minibatch, the estimates
+        :math:`\\hat\\nabla U^i(x_i; S_i)`."""
+        return torch.func.vmap(torch.func.grad(self.client_potential))(
+            points, indices, datum_weights, prior_weights
+        )
+
+    def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
+        """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
+        (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``. Costs one full-data gradient per ``m``."""
+        return self._sum_over_data(self.gradient_fn, points)
+
+    def full_potential_fn(self, points: torch.Tensor) -> torch.Tensor:
+        """Every client's full local potential :math:`U^i(x_i)`: ``points [m, b, d]`` -> ``[m, b]``."""
+        return self._sum_over_data(self.potential_fn, points)
+
+    def _sum_over_data(self, per_datum: Callable, points: torch.Tensor) -> torch.Tensor:
+        """Sum ``per_datum`` (:meth:`potential_fn` or :meth:`gradient_fn`) over each client's data, every
+        datum evaluated once at its client's point with weight 1 and prior weight :math:`\\varpi^i/N_i`."""
+        m, b, d = points.shape
+        num_data = self._datum_index.shape[0]
+        # chunks bound the memory of the per-datum terms, [m, chunk, d] (a traced graph unrolls this loop)
+        chunk = max(1, _CHUNK_ELEMENTS // (m * d))
+        total = 0
+        for start in range(0, num_data, chunk):
+            clients = self._datum_client[start : start + chunk]
+            c = clients.shape[0]
+            terms = per_datum(
+                points[:, clients].reshape(m * c, d),
+                self._datum_index[start : start + chunk, None].repeat(m, 1),
+                points.new_ones(m * c, 1),
+                self._datum_prior_weight[start : start + chunk].repeat(m),
+            )
+            terms = terms.reshape(m, c, *terms.shape[1:])
+            total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
+        return total
