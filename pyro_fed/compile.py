@@ -7,11 +7,12 @@ graph that runs without that overhead; TorchInductor (the compiler behind :func:
 fuses the graph's operations into a few kernels. A graph holds for inputs of the shapes it was traced with,
 so functions are prepared once per shape.
 
-Three modes:
+Modes:
 
-- ``"compiled"`` (the default of the kernels): traced, then compiled by TorchInductor — the fastest per
-  call, after a compilation of about a second per shape (tens of seconds for a machine's first
-  compilation);
+- ``"auto"`` (the default): traced, and compiled once the work ahead is long enough to pay for the
+  compilation (the kernels decide after their first chunk; one-off evaluations stay traced);
+- ``"compiled"``: traced, then compiled by TorchInductor — the fastest per call, after a compilation of
+  about a second per shape (tens of seconds for a machine's first compilation);
 - ``"traced"``: traced only, no compilation;
 - ``"eager"``: the function itself, run as written at every call (the reference).
 
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-MODES = ("compiled", "traced", "eager")
+MODES = ("auto", "compiled", "traced", "eager")
 logger = logging.getLogger("pyro_fed")
 
 
@@ -59,10 +60,12 @@ def prepare(function: Callable, example_args: Sequence[torch.Tensor], mode: str,
     :param function: a function of tensors returning a tensor or a tuple of tensors; it must not branch on
         the values of its inputs (the traced graph replays one path).
     :param example_args: inputs of the shapes, dtypes and devices of later calls.
-    :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"``.
+    :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (``"auto"`` prepares as ``"traced"``: the
+        caller decides when to compile).
     :param str what: what the function computes, for the log line and the fallback warning.
     """
     check_mode(mode)
+    mode = "traced" if mode == "auto" else mode
     start = time.perf_counter()
     prepared, used = function, "eager"
     try:

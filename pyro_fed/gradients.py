@@ -47,17 +47,28 @@ class ClientBatches(NamedTuple):
     datum_weights: torch.Tensor  # [b, n] float
 
 
+def pad_indices(indices: Sequence[torch.Tensor], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One index tensor per client as a padded table ``[b, n_max]`` (padding 0) and the lengths ``[b]``,
+    built with a few tensor operations whatever ``b``."""
+    lengths = torch.tensor([len(ix) for ix in indices], device=device)
+    flat = torch.cat([ix.reshape(-1) for ix in indices]).to(device=device, dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(indices), device=device), lengths)
+    columns = torch.arange(len(flat), device=device) - torch.repeat_interleave(
+        lengths.cumsum(0) - lengths, lengths
+    )
+    table = torch.zeros(len(indices), int(lengths.max()), dtype=torch.long, device=device)
+    table[rows, columns] = flat
+    return table, lengths
+
+
 def pad_batches(
     indices: Sequence[torch.Tensor], client_sizes: torch.Tensor, dtype: torch.dtype
 ) -> ClientBatches:
     """Pad one index tensor per client into a :class:`ClientBatches` with weights ``N_i / n_i``."""
-    n = max(len(ix) for ix in indices)
-    padded = torch.zeros(len(indices), n, dtype=torch.long, device=client_sizes.device)
-    weights = torch.zeros(len(indices), n, dtype=dtype, device=client_sizes.device)
-    for i, ix in enumerate(indices):
-        padded[i, : len(ix)] = ix
-        weights[i, : len(ix)] = float(client_sizes[i]) / len(ix)
-    return ClientBatches(padded, weights)
+    table, lengths = pad_indices(indices, client_sizes.device)
+    real = torch.arange(table.shape[1], device=table.device) < lengths[:, None]
+    weights = torch.where(real, (client_sizes / lengths).to(dtype)[:, None], torch.zeros((), dtype=dtype))
+    return ClientBatches(table, weights.to(dtype))
 
 
 def make_prior_weights(

@@ -7,20 +7,20 @@ iteration ``k`` of the chunk uses slot ``k mod m_i`` of epoch ``⌊k / m_i⌋``.
 marginally a uniform ``n_i``-subset of the client's data, so the gradient estimate
 :math:`\\varpi^i \\nabla U^0 + (N_i/n_i) \\sum_{j \\in S} \\nabla U^i_j` is unbiased.
 
-All the permutations a chunk needs are drawn at once, by one segmented sort of uniform keys over the
-concatenated epochs (``Σ_i ⌈K/m_i⌉ N_i`` keys, about ``K Σ_i n_i``: the cost per iteration is of the order of
+All the permutations a chunk needs are drawn at once, one row of uniform keys per (chain, client, epoch)
+sorted row by row (``Σ_i ⌈K/m_i⌉ N_i`` keys, about ``K Σ_i n_i``: the cost per iteration is of the order of
 the minibatches themselves), and the chunk's indices are read from them with one precomputed gather.
-Clients whose data fit in one minibatch use all of it at every iteration and draw nothing.
+Clients whose data fit in one minibatch use all of it at every iteration.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from .algorithms.rng import Randomness
+from .gradients import pad_indices
 
 
 class MinibatchSampler:
@@ -48,37 +48,42 @@ class MinibatchSampler:
         dtype: torch.dtype,
     ):
         self.rng = rng
-        self.chunk_size = chunk_size
         device = rng.device
-        sizes = [len(ix) for ix in client_indices]
-        self.batch_sizes = [min(batch_size, size) for size in sizes]
-        n = max(self.batch_sizes)
-        data, rows, gather, weights = [], [], [], []
-        num_rows, offset = 0, 0
-        for _ in range(num_chains):
-            for ix, size, batch in zip(client_indices, sizes, self.batch_sizes, strict=True):
-                per_epoch = size // batch
-                epochs = 1 if batch == size else math.ceil(chunk_size / per_epoch)
-                starts = offset + size * torch.arange(epochs)
-                data.append(ix.to(device).repeat(epochs))
-                rows.append(torch.arange(num_rows, num_rows + epochs).repeat_interleave(size))
-                k = torch.arange(chunk_size)
-                slot = k % per_epoch if batch < size else torch.zeros_like(k)
-                first = starts[k // per_epoch if batch < size else slot] + slot * batch  # [K]
-                columns = torch.arange(n).clamp(max=batch - 1)  # padding repeats a real index, weight 0
-                gather.append(first[:, None] + columns)
-                weights.append(torch.where(torch.arange(n) < batch, size / batch, 0.0))
-                num_rows += epochs
-                offset += epochs * size
-        self.data = torch.cat(data)  # [L] each client's indices, once per epoch of the chunk
-        self.rows = torch.cat(rows).to(device)  # [L] epoch of each entry (non-decreasing)
-        self.gather = torch.stack(gather, 1).to(device)  # [K, C·b, n] positions in the permuted data
-        self.datum_weights = torch.stack(weights).to(device=device, dtype=dtype)  # [C·b, n]
+        table, sizes = pad_indices(client_indices, device)  # [b, N_max], [b]
+        batch = sizes.clamp(max=batch_size)  # n_i
+        per_epoch = sizes // batch  # m_i minibatches per permutation
+        shuffled = batch < sizes  # the others use all their data every time and draw nothing
+        epochs = torch.where(shuffled, (chunk_size + per_epoch - 1) // per_epoch, 1)  # per chunk
+        rows_per_chain = int(epochs.sum())
+        # one row per (chain, client, epoch): the client's data, padded
+        client_of_row = torch.repeat_interleave(torch.arange(len(sizes), device=device), epochs).repeat(
+            num_chains
+        )
+        self.table = table[client_of_row]  # [R, N_max]
+        self.padding = torch.arange(table.shape[1], device=device) >= sizes[client_of_row, None]
+        # iteration k reads slot k mod m_i of epoch floor(k / m_i) of its client's rows
+        k = torch.arange(chunk_size, device=device)[:, None, None]  # [K, 1, 1]
+        epoch = torch.where(shuffled, k // per_epoch, 0)  # [K, 1, b]
+        slot = torch.where(shuffled, k % per_epoch, 0)
+        first_row = (epochs.cumsum(0) - epochs) + rows_per_chain * torch.arange(num_chains, device=device)[
+            :, None
+        ]
+        n = int(batch.max())
+        column = torch.arange(n, device=device)
+        columns = slot[..., None] * batch[:, None] + torch.minimum(
+            column, batch[:, None] - 1
+        )  # padding repeats
+        rows = (first_row + epoch)[..., None]  # [K, C, b, 1]
+        self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), n)
+        real = column < batch[:, None]
+        weights = torch.where(real, (sizes / batch)[:, None].to(dtype), torch.zeros((), dtype=dtype))
+        self.datum_weights = weights.repeat(num_chains, 1)  # [C·b, n]
+        self.batch_sizes = batch.tolist()
 
     def __call__(self) -> torch.Tensor:
         """Indices ``[K, C·b, n]`` of the chunk's minibatches."""
-        keys = self.rng.uniform(len(self.data), dtype=torch.float64)  # no ties: each order equally likely
-        # segmented shuffle: order by key, then (stably) by epoch, so each epoch is permuted uniformly
-        order = keys.argsort()
-        order = order[self.rows[order].argsort(stable=True)]
-        return self.data[order][self.gather]
+        # float64 keys: ties (which would favour an order) are practically impossible
+        keys = self.rng.uniform(*self.table.shape, dtype=torch.float64)
+        keys = keys.masked_fill(self.padding, 2.0)  # padding sorts last
+        permuted = self.table.gather(1, keys.argsort(1))
+        return permuted.view(-1)[self.gather]

@@ -24,6 +24,7 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -54,11 +55,11 @@ class FederatedPotential:
     :param init_strategy: a Pyro init strategy giving the initial latent values (default
         :func:`~pyro.infer.autoguide.initialization.init_to_median`).
     :param str gradient_mode: how :meth:`client_grads` and :meth:`full_client_grads` run, prepared once
-        per input shape (:mod:`pyro_fed.compile`). ``"compiled"`` (default): traced into a graph of
-        tensor operations, then compiled by TorchInductor, the compiler behind :func:`torch.compile` — the
-        fastest, after about a second of compilation per shape (tens of seconds on a machine's first
-        compilation). ``"traced"``: traced only, which removes the Python overhead of the model (2-3x
-        faster than ``"eager"``). ``"eager"``: the Pyro model runs at every evaluation.
+        per input shape (:mod:`pyro_fed.compile`). ``"auto"`` (default) and ``"traced"``: traced into a graph
+        of tensor operations, which removes the Python overhead of the model (2-3x faster than
+        ``"eager"``). ``"compiled"``: then compiled by TorchInductor, the compiler behind
+        :func:`torch.compile` — the fastest, after about a second of compilation per shape (tens of seconds
+        on a machine's first compilation). ``"eager"``: the Pyro model runs at every evaluation.
 
     Its parts: ``sites`` (:class:`~pyro_fed.sites.ModelSites`), ``space``
     (:class:`~pyro_fed.unconstrained.UnconstrainedSpace`) and ``gradients``
@@ -75,7 +76,7 @@ class FederatedPotential:
         plate: str | None = None,
         prior_weights: str | torch.Tensor = "proportional",
         init_strategy: Callable = init_to_median,
-        gradient_mode: str = "compiled",
+        gradient_mode: str = "auto",
     ):
         self.model = model
         self.model_args = tuple(model_args)
@@ -97,8 +98,12 @@ class FederatedPotential:
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
         self.prior_weights = make_prior_weights(prior_weights, self.client_sizes, self.dtype)
         self.gradients = ClientGradients(self.sites, self.space, self.client_indices, self.prior_weights)
-        self.full_batches = self.batches(self.client_indices)
         self._prepared: dict[tuple, Prepared] = {}
+
+    @functools.cached_property
+    def full_batches(self) -> ClientBatches:
+        """Every client's whole data as one padded batch (for :meth:`client_grads`)."""
+        return self.batches(self.client_indices)
 
     # ----------------------------------------------------------- flat vector
     def constrained(self, flat: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -150,3 +150,19 @@ def test_iteration_that_cannot_be_compiled_falls_back_with_a_warning(monkeypatch
     ):
         fallback = draws(FaldKernel, "compiled", seed=6)
     torch.testing.assert_close(fallback, draws(FaldKernel, "traced", seed=6), rtol=0, atol=0)
+
+
+def test_auto_mode_compiles_once_the_run_is_long_enough(monkeypatch):
+    def run_auto(threshold):
+        monkeypatch.setattr("pyro_fed.kernels.base.AUTO_COMPILE_SECONDS", threshold)
+        pyro.set_rng_seed(8)
+        kernel = FaldKernel(
+            logistic_model, CLIENTS, step_size=0.02, comm_prob=0.3, batch_size=5, chunk_size=16
+        )
+        return run(kernel).get_samples()["w"], kernel.engine().mode
+
+    short, short_mode = run_auto(float("inf"))  # never worth it: traced throughout
+    long, long_mode = run_auto(0.0)  # always worth it: compiled after the first chunk
+    assert (short_mode, long_mode) == ("auto", "compiled")
+    # the same chain either way, up to the rounding of the compiled kernels (see above)
+    torch.testing.assert_close(long, short, rtol=0, atol=1e-10)

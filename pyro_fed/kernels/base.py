@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -23,7 +24,11 @@ from ..potential import FederatedPotential
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
-MAX_CHUNK_ELEMENTS = 2**25
+MAX_CHUNK_ELEMENTS = 2**27
+#: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
+#: projected to take longer than this (seconds): a compilation takes about a second (tens of seconds the
+#: first time on a machine) and then makes iterations several times faster
+AUTO_COMPILE_SECONDS = 20.0
 
 
 def _is_number(value) -> bool:
@@ -117,10 +122,13 @@ class FederatedKernel(MCMCKernel):
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
     :param init_strategy: a Pyro init strategy (default: the prior median), drawn afresh for every chain.
-    :param str gradient_mode: how an iteration runs: ``"compiled"`` (default: traced once per shape and
-        compiled by TorchInductor; about a second of compilation, tens of seconds the first time on a
-        machine, then the fastest), ``"traced"`` (traced only) or ``"eager"`` (the Pyro model at every
-        iteration: the reference). A model that cannot be traced or compiled falls back with a warning.
+    :param str gradient_mode: how an iteration runs: ``"auto"`` (default: traced once per shape, and
+        compiled as soon as the rest of the run is projected to take more than ``AUTO_COMPILE_SECONDS``
+        traced), ``"compiled"`` (traced and compiled by TorchInductor from the start: about a second of
+        compilation, tens of seconds the first time on a machine, then the fastest), ``"traced"`` (traced
+        only) or ``"eager"`` (the Pyro model at every iteration: the reference). A model that cannot be
+        traced or compiled falls back with a warning saying why. The draws are the same in every mode up
+        to rounding.
     :param int thinning: iterations per draw (default 1): each :meth:`sample` returns the iterate after
         ``thinning`` more iterations, so ``num_samples`` draws cover ``thinning * num_samples`` iterations
         and memory holds only the draws.
@@ -137,7 +145,7 @@ class FederatedKernel(MCMCKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        gradient_mode: str = "compiled",
+        gradient_mode: str = "auto",
         thinning: int = 1,
         chunk_size: int = 64,
     ):
@@ -236,7 +244,10 @@ class FederatedKernel(MCMCKernel):
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
         self._state = tuple(self.init_state(positions))
-        per_iteration = num_chains * pot.num_clients * (pot.dim + (self.batch_size or 0))
+        # pre-drawn per iteration: minibatch indices and their sort keys, and the noise (one shared row of d
+        # when every client receives the same noise)
+        noise = pot.num_clients * pot.dim if self.noise_corr_value() < 1 else pot.dim
+        per_iteration = num_chains * (2 * pot.num_clients * (self.batch_size or 0) + noise)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // self.thinning)
         self._chunk = draws_per_chunk * self.thinning
@@ -347,13 +358,26 @@ class FederatedKernel(MCMCKernel):
             self._engine_inputs = inputs
         return self._engine
 
+    def _maybe_compile(self, seconds: float, num_iterations: int) -> None:
+        """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
+        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
+        if self._engine.mode != "auto":
+            return
+        remaining = math.inf if self._iterations_needed is None else self._iterations_needed - self._computed
+        if remaining * seconds / num_iterations > AUTO_COMPILE_SECONDS:
+            self._engine = ChunkEngine(
+                self._iteration, "compiled", what=f"the {type(self).__name__} iteration"
+            )
+
     def _run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain."""
         remaining = None if self._iterations_needed is None else self._iterations_needed - self._computed
         num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
+        start_time = time.perf_counter()
         coins = self.draw_coins(num_iterations)
         inputs = self._draw_inputs(num_iterations, coins)
         engine, state, outputs, start = self.engine(), self._state, [], 0
+        preparation = engine.preparation_seconds
         for k in np.flatnonzero(self.event_iterations(coins)):
             state, out = engine.run(state, inputs, self._constants, start, k)
             outputs.append(out)
@@ -366,6 +390,9 @@ class FederatedKernel(MCMCKernel):
         self._state = state
         self._computed += num_iterations
         self._record(coins, [torch.cat(column) for column in zip(*(o for o in outputs if o), strict=True)])
+        # the chunk's outputs are on the host now: the time is the device's too
+        elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
+        self._maybe_compile(elapsed, num_iterations)
 
     def _record(self, coins: dict[str, np.ndarray], outputs: list[torch.Tensor]) -> None:
         """Keep every ``thinning``-th iterate as a draw, with its statistics."""
@@ -382,7 +409,9 @@ class FederatedKernel(MCMCKernel):
         for name, value in stats.items():
             self._stats.setdefault(name, []).append(value)
         self._rounds.append(rounds[t - 1 :: t])
-        if self.plan.num_chains == 1 and self._draws:  # served as computed: keep only the current chunk
+        if self._draws and (self.plan.num_chains == 1 or self._iterations_needed is None):
+            # served as computed (one chain, or other chains that no run will ask for): keep only the
+            # current chunk
             self._draws[-1] = None
         self._draws.append(positions[t - 1 :: t])
 

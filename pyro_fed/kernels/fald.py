@@ -48,8 +48,8 @@ class FaldKernel(FederatedKernel):
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
     :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
-    :param str gradient_mode: ``"compiled"`` (default), ``"traced"`` or ``"eager"``; see
-        :class:`~pyro_fed.FederatedKernel`.
+    :param str gradient_mode: ``"auto"`` (default: compiled when the run is long enough to pay for it),
+        ``"compiled"``, ``"traced"`` or ``"eager"``; see :class:`~pyro_fed.FederatedKernel`.
     :param int thinning: iterations per draw (default 1).
     :param int chunk_size: iterations run per chunk (default 64).
 
@@ -72,7 +72,7 @@ class FaldKernel(FederatedKernel):
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable = init_to_median,
-        gradient_mode: str = "compiled",
+        gradient_mode: str = "auto",
         thinning: int = 1,
         chunk_size: int = 64,
     ):
