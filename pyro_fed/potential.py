@@ -99,6 +99,12 @@ class FederatedPotential:
         self.prior_weights = make_prior_weights(prior_weights, self.client_sizes, self.dtype)
         self.gradients = ClientGradients(self.sites, self.space, self.client_indices, self.prior_weights)
         self._prepared: dict[tuple, Prepared] = {}
+        #: the raw batched minibatch gradient, untraced (a pure tensor function, to trace inside larger
+        #: functions): see :meth:`pyro_fed.gradients.ClientGradients.gradient_fn`
+        self.gradient_fn = self.gradients.gradient_fn
+        #: the raw full local gradients, each datum evaluated once, untraced: see
+        #: :meth:`pyro_fed.gradients.ClientGradients.full_gradient_fn`
+        self.full_gradient_fn = self.gradients.full_gradient_fn
 
     @functools.cached_property
     def full_batches(self) -> ClientBatches:
@@ -136,24 +142,6 @@ class FederatedPotential:
     def batches(self, indices: Sequence[torch.Tensor]) -> ClientBatches:
         """Pad one index tensor per client into a :class:`ClientBatches` with weights ``N_i / n_i``."""
         return pad_batches(indices, self.client_sizes, self.dtype)
-
-    def gradient_fn(
-        self,
-        points: torch.Tensor,
-        indices: torch.Tensor,
-        datum_weights: torch.Tensor,
-        prior_weights: torch.Tensor,
-    ) -> torch.Tensor:
-        """The raw batched minibatch gradient (:meth:`pyro_fed.gradients.ClientGradients.gradient_fn`):
-        ``points [m, d]``, ``indices [m, n]``, ``datum_weights [m, n]``, ``prior_weights [m]`` ->
-        ``[m, d]``. Untraced: a pure tensor function, to trace inside larger functions."""
-        return self.gradients.gradient_fn(points, indices, datum_weights, prior_weights)
-
-    def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
-        """The raw full local gradients (:meth:`pyro_fed.gradients.ClientGradients.full_gradient_fn`):
-        ``points [m, b, d]`` (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``, each datum evaluated
-        once. Untraced: a pure tensor function, to trace inside larger functions."""
-        return self.gradients.full_gradient_fn(points)
 
     def client_grads(self, points: torch.Tensor, batches: ClientBatches) -> torch.Tensor:
         """Minibatch gradients :math:`\\hat\\nabla U^i(x_i; S_i)` of every client, ``[..., b, d]``.

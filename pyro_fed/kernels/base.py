@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,10 +16,12 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..algorithms.langevin import client_noise
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
-from ..compile import check_mode
+from ..compile import check_mode, inputs_signature, same_inputs
 from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
 from ..potential import FederatedPotential
+from .arguments import check_positive, check_positive_int
+from .draws import DrawBuffer
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
@@ -29,61 +30,6 @@ MAX_CHUNK_ELEMENTS = 2**27
 #: projected to take longer than this (seconds): a compilation takes about a second (tens of seconds the
 #: first time on a machine) and then makes iterations several times faster
 AUTO_COMPILE_SECONDS = 20.0
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_positive(name: str, value) -> float:
-    if not _is_number(value) or not value > 0:
-        raise ValueError(f"{name} must be a positive number; got {value!r}.")
-    return float(value)
-
-
-def check_positive_int(name: str, value, none_means: str | None = None) -> int | None:
-    if value is None and none_means is not None:
-        return None
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        alternative = f" or None ({none_means})" if none_means else ""
-        raise ValueError(f"{name} must be a positive integer{alternative}; got {value!r}.")
-    return int(value)
-
-
-def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
-    low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
-    if not _is_number(value) or not (low_ok(value) and value <= 1):
-        interval = "[0, 1]" if allow_zero else "(0, 1]"
-        raise ValueError(f"{name} must be a number in {interval}; got {value!r}.")
-    return float(value)
-
-
-def _inputs_signature(args: tuple, kwargs: dict) -> list:
-    """The model's arguments as compared between runs: each tensor by its memory and version counter (in-
-    place changes bump it; ``MCMC.run`` passes detached views, which share both), others by value. The
-    signature holds the tensors, so their memory cannot be reused by other data while it is kept."""
-    values = [*args, *(kwargs[k] for k in sorted(kwargs)), *sorted(kwargs)]
-    return [
-        (v, (v.data_ptr(), v.shape, v.stride(), v.dtype, v.device, v._version))
-        if torch.is_tensor(v)
-        else (v, None)
-        for v in values
-    ]
-
-
-def _same_inputs(old: list, new: list) -> bool:
-    """The same tensors, unmodified, and equal other arguments."""
-    return len(old) == len(new) and all(
-        key_a == key_b if key_a is not None or key_b is not None else _equal(a, b)
-        for (a, key_a), (b, key_b) in zip(old, new, strict=True)
-    )
-
-
-def _equal(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # objects without a boolean equality (arrays...): only the same object is equal
-        return a is b
 
 
 class ChainPlan(NamedTuple):
@@ -231,7 +177,7 @@ class FederatedKernel(MCMCKernel):
             return
         self._warmup_steps = warmup_steps
         self.potential = pot = self.build_potential(*args, **kwargs)
-        self._model_inputs = _inputs_signature(args, kwargs)
+        self._model_inputs = inputs_signature(args, kwargs)
         num_chains = self.plan.num_chains
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         self.rng = Randomness(int(torch.randint(0, 2**62, (), device="cpu").item()), pot.device)
@@ -264,9 +210,8 @@ class FederatedKernel(MCMCKernel):
             )
         )
         self._constants = (torch.tensor(self.step_size, dtype=pot.dtype, device=pot.device),)
-        self._draws: list[torch.Tensor | None] = []  # per chunk: [draws, C, d]
-        self._stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
-        self._rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
+        # later chains are served from the buffer only when a run will ask for them
+        self._buffer = DrawBuffer(self.thinning, keep=num_chains > 1 and self._iterations_needed is not None)
 
     def _continues_batched_run(self) -> bool:
         """Whether this ``setup`` is Pyro's for the next chain of a batched run whose chains are computed."""
@@ -351,7 +296,7 @@ class FederatedKernel(MCMCKernel):
         kept across runs and chains only while the model's arguments are the same objects, unmodified
         (then it is prepared once per shape: a new number of chains is a new shape)."""
         inputs = self._model_inputs
-        if self._engine is None or not _same_inputs(self._engine_inputs, inputs):
+        if self._engine is None or not same_inputs(self._engine_inputs, inputs):
             self._engine = ChunkEngine(
                 self._iteration, self.gradient_mode, what=f"the {type(self).__name__} iteration"
             )
@@ -389,41 +334,19 @@ class FederatedKernel(MCMCKernel):
         outputs.append(out)
         self._state = state
         self._computed += num_iterations
-        self._record(coins, [torch.cat(column) for column in zip(*(o for o in outputs if o), strict=True)])
+        positions, dispersion, finite = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
+        bits, rounds = self.network.record(self.averages(coins), coins["communicated"])
+        self._buffer.add(positions, dispersion, finite, coins, bits, rounds)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
         self._maybe_compile(elapsed, num_iterations)
-
-    def _record(self, coins: dict[str, np.ndarray], outputs: list[torch.Tensor]) -> None:
-        """Keep every ``thinning``-th iterate as a draw, with its statistics."""
-        positions, dispersion, finite = outputs
-        t = self.thinning
-        bits, rounds = self.network.record(self.averages(coins), coins["communicated"])
-        window = lambda a: a.reshape(-1, t, *a.shape[1:]).any(1)  # noqa: E731
-        stats = {
-            "diverging": window(~finite.cpu().numpy()),
-            "uploaded_bits": bits[t - 1 :: t],
-            "dispersion": dispersion[t - 1 :: t].cpu().numpy(),
-            **{name: window(value) for name, value in coins.items()},
-        }
-        for name, value in stats.items():
-            self._stats.setdefault(name, []).append(value)
-        self._rounds.append(rounds[t - 1 :: t])
-        if self._draws and (self.plan.num_chains == 1 or self._iterations_needed is None):
-            # served as computed (one chain, or other chains that no run will ask for): keep only the
-            # current chunk
-            self._draws[-1] = None
-        self._draws.append(positions[t - 1 :: t])
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
         if (draw + 1) * self.thinning > self._computed:
             self._run_chunk()
-        per_chunk = self._chunk // self.thinning
         self._served += 1
-        return self.potential.unconstrained_params(
-            self._draws[draw // per_chunk][draw % per_chunk, self._chain]
-        )
+        return self.potential.unconstrained_params(self._buffer.draw(draw, self._chain))
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor] | None:
@@ -444,32 +367,23 @@ class FederatedKernel(MCMCKernel):
         ``diverging`` (a step was reverted), ``uploaded_bits`` (cumulative, summed over clients, from the
         start of warm-up), ``dispersion`` and the algorithm's coins (``communicated``, and VR-FALD⋆'s
         ``refreshed``). With ``thinning > 1`` the flags say whether it happened in the draw's iterations."""
-        if not self._stats or self._served <= self._warmup_steps:
-            return {}
-        window = slice(self._warmup_steps, self._served)
-        return {name: np.concatenate(chunks)[window, self._chain] for name, chunks in self._stats.items()}
-
-    def _at_last_draw(self, chunks: list[np.ndarray]) -> int:
-        """A cumulative per-draw count at the last served draw of the current chain (0 before any)."""
-        if not self._served:
-            return 0
-        per_chunk = self._chunk // self.thinning
-        chunk, row = divmod(self._served - 1, per_chunk)
-        return int(chunks[chunk][row, self._chain])
+        return self._buffer.sample_stats(self._chain, self._warmup_steps, self._served)
 
     def diagnostics(self) -> dict:
         stats = self.sample_stats()
+        last = self._served - 1
         return {
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
-            "communication rounds": self._at_last_draw(self._rounds),
-            "uploaded bits": self._at_last_draw(self._stats.get("uploaded_bits", [])),
+            "communication rounds": self._buffer.rounds_at(last, self._chain),
+            "uploaded bits": self._buffer.uploaded_bits(last, self._chain),
             "sample_stats": stats,
         }
 
     def logging(self) -> OrderedDict:
+        last = self._served - 1
         entries = [
-            ("rounds", self._at_last_draw(self._rounds)),
-            ("Mbits up", f"{self._at_last_draw(self._stats.get('uploaded_bits', [])) / 1e6:.3g}"),
+            ("rounds", self._buffer.rounds_at(last, self._chain)),
+            ("Mbits up", f"{self._buffer.uploaded_bits(last, self._chain) / 1e6:.3g}"),
         ]
         seconds = 0.0 if self._engine is None else self._engine.preparation_seconds
         if seconds > 1:

@@ -8,7 +8,8 @@ import numpy as np
 from pyro.infer.autoguide.initialization import init_to_median
 
 from ..algorithms import fald
-from .base import FederatedKernel, check_probability
+from .arguments import check_probability
+from .base import FederatedKernel
 
 
 class FaldKernel(FederatedKernel):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..algorithms import vr_fald
-from .base import check_probability
+from .arguments import check_probability
 from .fald import FaldKernel
 
 

@@ -1,0 +1,34 @@
+"""Checks of the kernels' arguments, with messages that say which argument, what was wrong and what to do."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_positive(name: str, value) -> float:
+    if not _is_number(value) or not value > 0:
+        raise ValueError(f"{name} must be a positive number; got {value!r}.")
+    return float(value)
+
+
+def check_positive_int(name: str, value, none_means: str | None = None) -> int | None:
+    if value is None and none_means is not None:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        alternative = f" or None ({none_means})" if none_means else ""
+        raise ValueError(f"{name} must be a positive integer{alternative}; got {value!r}.")
+    return int(value)
+
+
+def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
+    low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
+    if not _is_number(value) or not (low_ok(value) and value <= 1):
+        interval = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{name} must be a number in {interval}; got {value!r}.")
+    return float(value)

@@ -1,0 +1,82 @@
+"""The draws of a run and their statistics, filled a chunk at a time and served to Pyro one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class DrawBuffer:
+    """Every ``thinning``-th iterate of ``C`` chains, with per-draw statistics, in chunks.
+
+    Pyro's ``MCMC`` asks for the draws of one chain after another; the kernel computes all chains at once.
+    Draws of a chain nobody will ask for again are dropped as soon as they are served, so that memory
+    holds one chunk; otherwise the later chains' draws wait here until Pyro asks for them.
+
+    :param int thinning: iterations per draw.
+    :param bool keep: keep served chunks (other chains will be served from them later).
+    """
+
+    def __init__(self, thinning: int, keep: bool):
+        self.thinning = thinning
+        self.keep = keep
+        self.draws_per_chunk = None
+        self.positions: list[torch.Tensor | None] = []  # per chunk: [draws, C, d]
+        self.stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
+        self.rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
+
+    def add(
+        self,
+        positions: torch.Tensor,
+        dispersion: torch.Tensor,
+        finite: torch.Tensor,
+        coins: dict[str, np.ndarray],
+        uploaded_bits: np.ndarray,
+        rounds: np.ndarray,
+    ) -> None:
+        """Add a chunk of iterations (every array ``[K, C, ...]``, ``K`` a multiple of ``thinning``). Flags
+        (``diverging`` and the coins) say whether it happened in any of a draw's ``thinning`` iterations;
+        counts and values are those of the draw's last iteration."""
+        t = self.thinning
+        self.draws_per_chunk = self.draws_per_chunk or len(positions) // t
+        window = lambda a: a.reshape(-1, t, *a.shape[1:]).any(1)  # noqa: E731
+        stats = {
+            "diverging": window(~finite.cpu().numpy()),
+            "uploaded_bits": uploaded_bits[t - 1 :: t],
+            "dispersion": dispersion[t - 1 :: t].cpu().numpy(),
+            **{name: window(value) for name, value in coins.items()},
+        }
+        for name, value in stats.items():
+            self.stats.setdefault(name, []).append(value)
+        self.rounds.append(rounds[t - 1 :: t])
+        if self.positions and not self.keep:
+            self.positions[-1] = None
+        self.positions.append(positions[t - 1 :: t])
+
+    def _locate(self, draw: int) -> tuple[int, int]:
+        return divmod(draw, self.draws_per_chunk)
+
+    def draw(self, draw: int, chain: int) -> torch.Tensor:
+        """Draw ``draw`` (counted from the start of warm-up) of chain ``chain``, ``[d]``."""
+        chunk, row = self._locate(draw)
+        return self.positions[chunk][row, chain]
+
+    def sample_stats(self, chain: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        """The statistics of draws ``start .. stop - 1`` of chain ``chain``."""
+        if not self.stats or stop <= start:
+            return {}
+        return {name: np.concatenate(chunks)[start:stop, chain] for name, chunks in self.stats.items()}
+
+    def uploaded_bits(self, draw: int, chain: int) -> int:
+        """Bits uploaded by the clients of chain ``chain`` up to draw ``draw`` (0 before the first draw)."""
+        return self._cumulative(self.stats.get("uploaded_bits", []), draw, chain)
+
+    def rounds_at(self, draw: int, chain: int) -> int:
+        """Averaging rounds of chain ``chain`` up to draw ``draw`` (0 before the first draw)."""
+        return self._cumulative(self.rounds, draw, chain)
+
+    def _cumulative(self, chunks: list[np.ndarray], draw: int, chain: int) -> int:
+        if draw < 0 or not chunks:
+            return 0
+        chunk, row = self._locate(draw)
+        return int(chunks[chunk][row, chain])
