@@ -19,6 +19,7 @@ function and its inputs.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,7 +45,7 @@ class ChunkEngine:
         self.what = what
         self.cuda_graphs = cuda_graphs
         self._prepared: dict[tuple, Prepared] = {}
-        self._graphs: dict[tuple, _ChunkGraph] = {}
+        self._graphs: dict[tuple, _ChunkGraph | None] = {}
         self.preparation_seconds = 0.0
 
     @staticmethod
@@ -82,16 +83,31 @@ class ChunkEngine:
         function = self.prepared(state, tuple(t[0] for t in inputs), constants)
         full_chunk = start == 0 and stop == inputs[0].shape[0]
         if full_chunk and self.cuda_graphs and state[0].is_cuda and function.mode != "eager":
-            key = self._key(state, inputs, constants)
-            if key not in self._graphs:
-                self._graphs[key] = _ChunkGraph(function, state, inputs, constants)
-            return self._graphs[key](state, inputs, constants)
+            graph = self._graph(function, state, inputs, constants)
+            if graph is not None:
+                return graph(state, inputs, constants)
         outputs = []
         for k in range(start, stop):
             result = function(*state, *(t[k] for t in inputs), *constants)
             state = tuple(result[:num_state])
             outputs.append(result[num_state:])
         return state, [torch.stack(column) for column in zip(*outputs, strict=True)]
+
+    def _graph(self, function: Prepared, state: Tensors, inputs: Tensors, constants: Tensors):
+        """The chunk captured as a CUDA graph, once per shape; ``None`` (with one warning) where the capture
+        fails, e.g. on an operation that waits for the host: then the iterations run one by one."""
+        key = self._key(state, inputs, constants)
+        if key not in self._graphs:
+            try:
+                self._graphs[key] = _ChunkGraph(function, state, inputs, constants)
+            except Exception as error:
+                warnings.warn(
+                    f"pyro_fed could not capture {self.what} as a CUDA graph ({type(error).__name__}: "
+                    f"{error}); running its iterations one by one instead, which is slower.",
+                    stacklevel=4,
+                )
+                self._graphs[key] = None
+        return self._graphs[key]
 
 
 class _ChunkGraph:
