@@ -19,9 +19,10 @@ points per client, at ``b = 10, 100, 1000`` clients (``--clients 1 10 100 1000``
     noise, coins, finite-check and revert, dispersion, per-draw statistics, bit accounting, the returned
     ``params`` dict). Three gradient modes: ``"compiled"`` (each iteration traced with ``make_fx`` and
     compiled by TorchInductor: what the **default** ``"auto"`` runs once a run is long enough to pay for the
-    compilation, which for a kernel driven by hand is after its first chunk), ``"traced"`` (traced only) and ``"eager"`` (the vmapped Pyro
-    model at every iteration). The one-off cost of ``setup`` plus the first call (which draws the first
-    chunk's randomness, traces and compiles the iteration, and runs the chunk) is recorded per mode.
+    compilation, which for a kernel driven by hand is after its first chunk), ``"traced"`` (traced only)
+    and ``"eager"`` (the vmapped Pyro model at every iteration). The one-off cost of ``setup`` plus the
+    first call (which draws the first chunk's randomness, traces and compiles the iteration, and runs the
+    chunk) is recorded per mode.
 (b) **hand-written** -- the fastest reasonable plain-torch code for this model: the clients' data stored
     client-major, minibatches without replacement by walking a per-client permutation redrawn once per
     local epoch (one ``argsort`` of ``[b, 64]`` random keys every 2 iterations, then one ``index_select``
