@@ -34,6 +34,8 @@ from .unconstrained import UnconstrainedSpace
 
 # full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d)
 _CHUNK_ELEMENTS = 2**24
+#: data per block of the full gradients, at most
+_BLOCK_SIZE = 64
 
 
 class ClientBatches(NamedTuple):
@@ -116,11 +118,24 @@ class ClientGradients:
         self.num_clients = len(client_indices)
         device = prior_weights.device
         sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
-        # every datum, with its client: the full gradients run on the data, not on clients padded to N_max
-        self._datum_index = torch.cat(list(client_indices)).to(device)
-        self._datum_client = torch.repeat_interleave(torch.arange(self.num_clients, device=device), sizes)
+        # The full gradients run on blocks of up to B data of one client each, not on clients padded to
+        # N_max: every datum is evaluated once, and at most one block per client is partly padding. Blocks
+        # (rather than single data) keep the model's per-evaluation operations large enough to be efficient.
+        block = max(1, min(_BLOCK_SIZE, int(sizes.median())))
+        blocks_per_client = (sizes + block - 1) // block
+        datum_client = torch.repeat_interleave(torch.arange(self.num_clients, device=device), sizes)
+        in_client = torch.arange(len(datum_client), device=device) - (sizes.cumsum(0) - sizes)[datum_client]
+        block_of_datum = (blocks_per_client.cumsum(0) - blocks_per_client)[datum_client] + in_client // block
+        num_blocks = int(blocks_per_client.sum())
+        self._block_index = torch.zeros(num_blocks, block, dtype=torch.long, device=device)
+        self._block_index[block_of_datum, in_client % block] = torch.cat(list(client_indices)).to(device)
+        self._block_weights = torch.zeros(num_blocks, block, dtype=prior_weights.dtype, device=device)
+        self._block_weights[block_of_datum, in_client % block] = 1.0
+        self._block_client = torch.repeat_interleave(
+            torch.arange(self.num_clients, device=device), blocks_per_client
+        )
         # each datum carries its client's prior share varpi^i / N_i: client i's N_i data sum to varpi^i U^0
-        self._datum_prior_weight = (prior_weights / sizes)[self._datum_client]
+        self._block_prior_weight = (prior_weights / sizes)[self._block_client] * self._block_weights.sum(1)
 
     def client_potential(
         self, flat: torch.Tensor, indices: torch.Tensor, datum_weights: torch.Tensor, prior_weight
@@ -170,22 +185,23 @@ class ClientGradients:
         """Every client's full local potential :math:`U^i(x_i)`: ``points [m, b, d]`` -> ``[m, b]``."""
         return self._sum_over_data(self.potential_fn, points)
 
-    def _sum_over_data(self, per_datum: Callable, points: torch.Tensor) -> torch.Tensor:
-        """Sum ``per_datum`` (:meth:`potential_fn` or :meth:`gradient_fn`) over each client's data, every
-        datum evaluated once at its client's point with weight 1 and prior weight :math:`\\varpi^i/N_i`."""
+    def _sum_over_data(self, per_block: Callable, points: torch.Tensor) -> torch.Tensor:
+        """Sum ``per_block`` (:meth:`potential_fn` or :meth:`gradient_fn`) over each client's data blocks,
+        every datum evaluated once at its client's point, with weight 1 and prior weight
+        :math:`\varpi^i/N_i`."""
         m, b, d = points.shape
-        num_data = self._datum_index.shape[0]
-        # chunks bound the memory of the per-datum terms, [m, chunk, d] (a traced graph unrolls this loop)
-        chunk = max(1, _CHUNK_ELEMENTS // (m * d))
+        num_blocks, block = self._block_index.shape
+        # chunks bound the memory of the per-block terms (a traced graph unrolls this loop)
+        chunk = max(1, _CHUNK_ELEMENTS // (m * d * block))
         total = 0
-        for start in range(0, num_data, chunk):
-            clients = self._datum_client[start : start + chunk]
+        for start in range(0, num_blocks, chunk):
+            clients = self._block_client[start : start + chunk]
             c = clients.shape[0]
-            terms = per_datum(
+            terms = per_block(
                 points[:, clients].reshape(m * c, d),
-                self._datum_index[start : start + chunk, None].repeat(m, 1),
-                points.new_ones(m * c, 1),
-                self._datum_prior_weight[start : start + chunk].repeat(m),
+                self._block_index[start : start + chunk].repeat(m, 1),
+                self._block_weights[start : start + chunk].repeat(m, 1),
+                self._block_prior_weight[start : start + chunk].repeat(m),
             )
             terms = terms.reshape(m, c, *terms.shape[1:])
             total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)

@@ -78,7 +78,11 @@ def test_full_gradients_evaluate_each_datum_once():
     with _IndexedRows(x) as full:
         pot.full_gradient_fn(points[None])
     assert padded.rows == 3 * 20  # b * N_max: the padding is evaluated too
-    assert full.rows == len(CLIENTS)  # N
+    # blocks of one client's data: each datum once, and at most one partly padded block per client
+    blocks, weights = pot.gradients._block_index, pot.gradients._block_weights
+    assert sorted(blocks[weights > 0].tolist()) == list(range(len(CLIENTS)))
+    num_blocks, block = blocks.shape
+    assert full.rows == num_blocks * block <= len(CLIENTS) + 3 * (block - 1)
 
 
 # --------------------------------------------- validation off per site

@@ -36,11 +36,12 @@ class ChainPlan(NamedTuple):
     """What :class:`~pyro.infer.MCMC` will ask of the kernel (recorded when it is constructed, see
     :mod:`pyro_fed.kernels.chains`)."""
 
+    #: number of chains
     num_chains: int
-    num_samples: (
-        int | None
-    )  #: draws after warm-up per chain (``None``: unknown, the kernel is driven by hand)
-    initial_params: dict | None  #: the user's initial values, ``{site: [C, ...]}``
+    #: draws after warm-up per chain (``None``: unknown, the kernel is driven by hand)
+    num_samples: int | None
+    #: the user's initial values, ``{site: [C, ...]}``
+    initial_params: dict | None
 
 
 class FederatedKernel(MCMCKernel):
@@ -54,8 +55,9 @@ class FederatedKernel(MCMCKernel):
     ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them one
     chain after another, as it would from independent runs.
 
-    Subclasses implement :meth:`init_state`, :meth:`step` and :meth:`draw_coins` with the pure functions of
-    :mod:`pyro_fed.algorithms`. This class owns the rest: the
+    Subclasses implement :meth:`init_state`, :meth:`step`, :meth:`position`, :meth:`draw_coins` and
+    :meth:`averages` (and, for out-of-step events, :meth:`event_iterations` and :meth:`event`) with the
+    pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
     :class:`~pyro_fed.potential.FederatedPotential`, the randomness, the minibatches, the network, reverting
     non-finite steps (counted as divergences), the buffers and the per-draw statistics.
 
