@@ -321,10 +321,7 @@ def run_federated(setting: dict, x, y, clients, lipschitz: float, seed: int, dev
     mcmc.run(x, y)
     synchronize(device)
     wall = time.perf_counter() - start
-    engine = getattr(kernel, "_engine", None)
-    prep = getattr(engine, "preparation_seconds", 0.0) + sum(
-        getattr(p, "seconds", 0.0) for p in getattr(kernel.potential, "_prepared", {}).values()
-    )
+    prep = kernel.preparation_seconds
     diagnostics = mcmc.diagnostics()
     divergences = sum(
         len(diagnostics[k].get("divergences", [])) for k in diagnostics if k.startswith("chain")

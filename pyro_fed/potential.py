@@ -187,9 +187,18 @@ class FederatedPotential:
     def _prepare(self, function: Callable, args: tuple[torch.Tensor, ...], what: str) -> Prepared:
         """``function`` prepared in ``gradient_mode`` for inputs of these shapes, once per shape."""
         key = (what, *(a.shape for a in args))
-        if key not in self._prepared:
+        if (
+            key not in self._prepared
+            or self._prepared[key].mode == "traced"
+            and self.gradient_mode == "compiled"
+        ):
             self._prepared[key] = prepare(function, args, self.gradient_mode, what=what)
         return self._prepared[key]
+
+    @property
+    def preparation_seconds(self) -> float:
+        """Seconds spent tracing and compiling the gradient functions so far."""
+        return sum(p.seconds for p in self._prepared.values())
 
     # ------------------------------------------------- per-draw evaluations
     def pointwise_log_likelihood(

@@ -305,6 +305,12 @@ class FederatedKernel(MCMCKernel):
             self._engine_inputs = inputs
         return self._engine
 
+    @property
+    def preparation_seconds(self) -> float:
+        """Seconds spent tracing and compiling (the iteration and the model's gradients) in this run."""
+        engine = 0.0 if self._engine is None else self._engine.preparation_seconds
+        return engine + (0.0 if self.potential is None else self.potential.preparation_seconds)
+
     def _maybe_compile(self, seconds: float, num_iterations: int) -> None:
         """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
         take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
@@ -315,6 +321,7 @@ class FederatedKernel(MCMCKernel):
             self._engine = ChunkEngine(
                 self._iteration, "compiled", what=f"the {type(self).__name__} iteration"
             )
+            self.potential.gradient_mode = "compiled"  # and the full gradients of refreshes, if any
 
     def _run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain."""
@@ -387,7 +394,7 @@ class FederatedKernel(MCMCKernel):
             ("rounds", self._buffer.rounds_at(last, self._chain)),
             ("Mbits up", f"{self._buffer.uploaded_bits(last, self._chain) / 1e6:.3g}"),
         ]
-        seconds = 0.0 if self._engine is None else self._engine.preparation_seconds
+        seconds = self.preparation_seconds
         if seconds > 1:
-            entries.append(("compiled in", f"{math.ceil(seconds)} s"))
+            entries.append(("prepared in", f"{math.ceil(seconds)} s"))
         return OrderedDict(entries)
