@@ -54,7 +54,10 @@ def test_fald_full_batch_matches_exact_discretised_law():
     kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, **hyper)
     chains = run(kernel, (x, y), num_samples=5000, num_chains=4).get_samples(group_by_chain=True)["w"]
     law = fald_stationary_law(exact, **hyper)
-    # the average of 4 independent chains' means and covariances: exact standard errors / sqrt(4)
+    # each chain has the exact law on its own...
+    for chain in chains:
+        assert ((chain.mean(0) - law.mean).abs() <= Z * law.mean_standard_error(5000)).all()
+    # ...and the average of 4 independent chains' means and covariances has exact standard errors / sqrt(4)
     mean = chains.mean(1).mean(0)
     cov = torch.stack([c.T.cov() for c in chains]).mean(0)
     mean_tol, cov_tol = Z * law.mean_standard_error(5000) / 2, Z * law.covariance_standard_error(5000) / 2
