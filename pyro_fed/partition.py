@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -134,15 +135,23 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
     """
     Validates a user's ``clients`` argument and converts it to one index tensor per client.
 
-    :param clients: either client ids (a 1-D integer tensor or a sequence of ints of length ``N`` with
-        values ``0..b-1``, every client non-empty), or a sequence of ``b`` non-empty 1-D integer index
-        tensors, pairwise disjoint.
+    :param clients: either a number of clients ``b`` (an i.i.d. split, :func:`iid` with ``seed=0``), or
+        client ids (a 1-D integer tensor or a sequence of ints of length ``N`` with values ``0..b-1``,
+        every client non-empty), or a sequence of ``b`` non-empty 1-D integer index tensors, pairwise
+        disjoint.
     :param num_data: number of points ``N`` of the data plate, if known; then the ids must have length
         ``N`` and the index tensors must cover ``0..N-1``.
     :type num_data: int or None
     :returns: the ``b`` sorted index tensors.
     :rtype: list[torch.LongTensor]
     """
+    if isinstance(clients, (int, np.integer)) and not isinstance(clients, bool):
+        if num_data is None or not 1 <= clients <= num_data:
+            raise ValueError(
+                f"clients={clients}: a number of clients must be between 1 and the number of data points "
+                f"({num_data}); or give one client id per data point, or one index tensor per client."
+            )
+        return _from_ids(iid(num_data, int(clients), seed=0), num_data)
     if isinstance(clients, torch.Tensor):
         return _from_ids(clients, num_data)
     if len(clients) == 0:

@@ -46,8 +46,9 @@ class FederatedPotential:
     :param model: a Pyro model whose likelihood is a plate over data (declared at full size).
     :param tuple model_args: positional arguments of the model.
     :param dict model_kwargs: keyword arguments of the model.
-    :param clients: a LongTensor of length ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index
-        tensors (see :mod:`pyro_fed.partition`).
+    :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
+        ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
+        :mod:`pyro_fed.partition`).
     :param str plate: name of the data plate; found automatically when exactly one plate holds observed
         sites.
     :param prior_weights: ``"proportional"`` (:math:`\\varpi^i = N_i/N`), ``"uniform"`` (``1/b``) or a
@@ -183,6 +184,46 @@ class FederatedPotential:
         if points.dim() == 1:
             points = points.expand(self.num_clients, self.dim)
         return points.reshape(-1, self.num_clients, self.dim).contiguous(), points.shape
+
+    def check_initial_points(self, points: torch.Tensor) -> None:
+        """Refuse initial points (``[C, d]``) where the potential or its gradient is not finite, naming the
+        site: a sampler started there would never move (every step reverted) or go astray silently."""
+        clients = points[:, None, :].expand(-1, self.num_clients, -1)
+        finite = self.gradients.full_potential_fn(clients).sum(-1).isfinite()
+        grads = self.full_gradient_fn(clients).sum(1)
+        if bool(finite.all()) and bool(grads.isfinite().all()):
+            return
+        chain = int((~finite | ~grads.isfinite().all(-1)).nonzero()[0])
+        values, _ = self.constrained(points[chain])
+        trace = self.sites.run(values, torch.arange(self.num_data, device=self.device))
+        trace.compute_log_prob()
+        bad = [
+            name
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and "log_prob_sum" in site
+            and not torch.isfinite(site["log_prob_sum"])
+        ]
+        if bad:
+            name = bad[0]
+            value = trace.nodes[name]["value"]
+            nan = int(torch.isnan(value).sum()) if trace.nodes[name]["is_observed"] else 0
+            raise ValueError(
+                f"Site {name!r} has a non-finite log-density at the initial point of chain {chain}"
+                + (
+                    f": its observed values hold {nan} NaN entries. Remove or mask them (obs_mask)."
+                    if nan
+                    else ". Check the site's parameters and data, or start elsewhere (init_strategy, "
+                    "initial_params)."
+                )
+            )
+        coordinates = (~grads[chain].isfinite()).nonzero().squeeze(-1).tolist()
+        sites = sorted({s.name for s in self.latent_sites for j in coordinates if s.start <= j < s.stop})
+        raise ValueError(
+            f"The potential's gradient is not finite at the initial point of chain {chain} (with respect to "
+            f"the sites {sites}), though its value is. Start elsewhere (init_strategy, initial_params) or "
+            "check the model's parametrisation there."
+        )
 
     def _prepare(self, function: Callable, args: tuple[torch.Tensor, ...], what: str) -> Prepared:
         """``function`` prepared in ``gradient_mode`` for inputs of these shapes, once per shape."""

@@ -67,11 +67,19 @@ class _WithoutValidation(Messenger):
             msg["fn"] = without_validation(msg["fn"])
 
 
+def is_random_variable(site: dict) -> bool:
+    """A sample site that is a random variable of the model: not a plate's subsample site, and not a
+    ``pyro.deterministic`` record (Pyro marks those observed, but they carry no density)."""
+    return (
+        site["type"] == "sample" and not site_is_subsample(site) and not site["infer"].get("_deterministic")
+    )
+
+
 def find_data_plate(trace: Trace, plate: str | None) -> str:
     """The name of the plate holding the observed sites (``plate`` if given, checked)."""
     candidates = []
     for site in trace.nodes.values():
-        if site["type"] == "sample" and site["is_observed"]:
+        if is_random_variable(site) and site["is_observed"]:
             for frame in site["cond_indep_stack"]:
                 if frame.vectorized and frame.name not in candidates:
                     candidates.append(frame.name)
@@ -151,7 +159,7 @@ class ModelSites:
         self.global_observed: list[str] = []
         self.likelihood_sites: list[str] = []
         for name, site in trace.nodes.items():
-            if site["type"] != "sample" or site_is_subsample(site):
+            if not is_random_variable(site):
                 continue
             in_plate = any(f.name == self.plate for f in site["cond_indep_stack"])
             if site["is_observed"]:

@@ -3,9 +3,11 @@
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
+from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_fed import FaldKernel
 from pyro_fed.testing import batch_means_standard_error, fald_stationary_law, regression_clients
@@ -195,8 +197,11 @@ def test_non_finite_steps_are_reverted_and_counted():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"step_size": 0.0}, "step_size must be a positive number"),
-        ({"step_size": -1e-3}, "step_size must be a positive number"),
+        ({"step_size": 0.0}, "step_size must be a finite positive number"),
+        ({"step_size": -1e-3}, "step_size must be a finite positive number"),
+        ({"step_size": float("inf")}, "step_size must be a finite positive number"),
+        ({"step_size": float("nan")}, "step_size must be a finite positive number"),
+        ({"step_size": torch.tensor([1e-3, 1e-3])}, "step_size must be a finite positive number"),
         ({"step_size": 1e-3, "comm_prob": 0.0}, r"comm_prob must be a number in \(0, 1\]"),
         ({"step_size": 1e-3, "comm_prob": 1.5}, r"comm_prob must be a number in \(0, 1\]"),
         ({"step_size": 1e-3, "noise_corr": -0.1}, r"noise_corr must be a number in \[0, 1\]"),
@@ -232,3 +237,52 @@ def test_user_initial_params_and_fresh_inits_per_run():
     first = run(other, (x, labels), num_samples=1, warmup=0).get_samples()["w"]
     second = run(other, (x, labels), num_samples=1, warmup=0).get_samples()["w"]
     assert not torch.equal(first, second)
+
+
+def test_step_size_as_a_tensor_and_clients_as_a_number():
+    kernel = FaldKernel(logistic_model, 4, step_size=torch.tensor(1e-3), gradient_mode="traced")
+    assert kernel.step_size == pytest.approx(1e-3)
+    x, y = regression_data(42)
+    run(kernel, (x, (y > 0).double()), num_samples=5, warmup=0)
+    # 4 clients of an i.i.d. split (seed 0): sizes differ by at most one
+    assert sorted(kernel.potential.client_sizes.tolist()) == [10, 10, 11, 11]
+
+
+@pytest.mark.parametrize(
+    "initial, match",
+    [
+        ({"v": torch.zeros(3)}, r"initial_params lacks the latent sites \['w'\]"),
+        (
+            {"w": torch.zeros(4)},
+            r"initial_params\['w'\] has shape \(4,\); the site's unconstrained value has",
+        ),
+    ],
+)
+def test_bad_initial_params(initial, match):
+    x, y = regression_data(40)
+    kernel = FaldKernel(logistic_model, 4, step_size=1e-3, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=0, initial_params=initial, disable_progbar=True)
+    with pytest.raises(ValueError, match=match):
+        mcmc.run(x, (y > 0).double())
+
+
+def test_nan_in_the_data_is_refused_naming_the_site():
+    x, y = regression_data(40)
+    y[[3, 17]] = float("nan")
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), 4, step_size=1e-3, gradient_mode="traced")
+    with pytest.raises(ValueError, match="Site 'y' has a non-finite log-density .* hold 2 NaN entries"):
+        run(kernel, (x, y), num_samples=3, warmup=0)
+
+
+def test_non_finite_gradient_at_the_initial_point_is_refused():
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]) as idx:
+            # sqrt(|w|) is finite at 0, its derivative is not
+            pyro.sample("y", dist.Normal(w.abs().sqrt() * x[idx, 0], 1.0), obs=y[idx])
+
+    x, y = regression_data(40)
+    start = init_to_value(values={"w": torch.tensor(0.0)})
+    kernel = FaldKernel(model, 4, step_size=1e-3, init_strategy=start, gradient_mode="traced")
+    with pytest.raises(ValueError, match=r"gradient is not finite at the initial point .*sites \['w'\]"):
+        run(kernel, (x, y), num_samples=3, warmup=0)

@@ -283,3 +283,23 @@ def test_factors_inside_and_outside_the_plate():
     assert pot.likelihood_sites == ["huber"] and pot.global_observed == ["ridge"]
     point = torch.randn(3)
     torch.testing.assert_close(pot.potential(point), pooled_potential(model, (x, y))({"w": point}))
+
+
+def test_deterministic_sites_are_neither_data_nor_parameters():
+    # pyro.deterministic records a value as an observed Delta site: it carries no density
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        pyro.deterministic("norm", w.norm())
+        with pyro.plate("data", x.shape[0]) as idx:
+            logits = pyro.deterministic("logits", x[idx] @ w)
+            pyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
+
+    x, y = regression_data(20)
+    labels = (y > 0).double()
+    pot = FederatedPotential(model, (x, labels), clients=torch.arange(20) % 2, gradient_mode="eager")
+    plain = FederatedPotential(
+        logistic_model, (x, labels), clients=torch.arange(20) % 2, gradient_mode="eager"
+    )
+    assert pot.likelihood_sites == ["y"] and pot.global_observed == []
+    point = torch.randn(3)
+    torch.testing.assert_close(pot.full_client_grads(point), plain.full_client_grads(point))

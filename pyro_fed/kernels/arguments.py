@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
+import torch
 
 
 def _is_number(value) -> bool:
@@ -12,8 +14,11 @@ def _is_number(value) -> bool:
 
 
 def check_positive(name: str, value) -> float:
-    if not _is_number(value) or not value > 0:
-        raise ValueError(f"{name} must be a positive number; got {value!r}.")
+    """A finite positive number (a Python or NumPy number, or a one-element tensor)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if not _is_number(value) or not math.isfinite(value) or not value > 0:
+        raise ValueError(f"{name} must be a finite positive number; got {value!r}.")
     return float(value)
 
 

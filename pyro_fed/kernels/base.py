@@ -62,8 +62,9 @@ class FederatedKernel(MCMCKernel):
     non-finite steps (counted as divergences), the buffers and the per-draw statistics.
 
     :param model: a Pyro model whose likelihood is a plate over data.
-    :param clients: a LongTensor of length ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index
-        tensors (see :mod:`pyro_fed.partition`).
+    :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
+        ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
+        :mod:`pyro_fed.partition`).
     :param float step_size: the step size :math:`\\gamma`.
     :param int batch_size: minibatch size per client (``None``: the full local data).
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
@@ -191,6 +192,7 @@ class FederatedKernel(MCMCKernel):
         )
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
+        pot.check_initial_points(positions)
         self._state = tuple(self.init_state(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and the noise (one shared row of d
         # when every client receives the same noise)
@@ -225,17 +227,31 @@ class FederatedKernel(MCMCKernel):
         )
 
     def _initial_values(self, num_chains: int) -> list[dict[str, torch.Tensor]]:
-        """The user's initial values if given, else a fresh draw of the init strategy for each chain."""
+        """The user's initial values if given (checked), else a fresh draw of the init strategy for each
+        chain."""
         pot = self.potential
         if self.plan.initial_params is not None and num_chains > 1:
-            return [{k: v[c] for k, v in self.plan.initial_params.items()} for c in range(num_chains)]
-        if self._user_initial_params is not None:
-            missing = {s.name for s in pot.latent_sites} - set(self._user_initial_params)
-            if missing:
-                raise ValueError(f"initial_params lacks the latent sites {sorted(missing)}.")
-            return [self._user_initial_params] * num_chains
-        flats = [pot.initial_flat] + [pot.draw_initial_flat() for _ in range(num_chains - 1)]
-        return [pot.unconstrained_params(flat) for flat in flats]
+            given = [{k: v[c] for k, v in self.plan.initial_params.items()} for c in range(num_chains)]
+        elif self._user_initial_params is not None:
+            given = [self._user_initial_params] * num_chains
+        else:
+            flats = [pot.initial_flat] + [pot.draw_initial_flat() for _ in range(num_chains - 1)]
+            return [pot.unconstrained_params(flat) for flat in flats]
+        missing = [s.name for s in pot.latent_sites if s.name not in given[0]]
+        if missing:
+            raise ValueError(
+                f"initial_params lacks the latent sites {missing}: give an unconstrained value for every "
+                f"latent site ({[s.name for s in pot.latent_sites]}), or leave initial_params out."
+            )
+        for site in pot.latent_sites:
+            value = torch.as_tensor(given[0][site.name])
+            if value.shape != site.shape:
+                per_chain = f", after the leading dimension of {num_chains} chains" if num_chains > 1 else ""
+                raise ValueError(
+                    f"initial_params[{site.name!r}] has shape {tuple(value.shape)}{per_chain}; the site's "
+                    f"unconstrained value has shape {tuple(site.shape)}."
+                )
+        return given
 
     # -------------------------------------------------------- the iteration
     def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:

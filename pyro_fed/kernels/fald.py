@@ -40,8 +40,9 @@ class FaldKernel(FederatedKernel):
 
     :param model: a Pyro model whose likelihood is a plate over data, declared at full size; the model
         reads its data through the plate's indices (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
-    :param clients: a LongTensor of length ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index
-        tensors (see :mod:`pyro_fed.partition`).
+    :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
+        ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
+        :mod:`pyro_fed.partition`).
     :param float step_size: :math:`\gamma > 0`.
     :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration.
     :param float noise_corr: :math:`\tau \in [0, 1]`, the correlation of the clients' noises.
