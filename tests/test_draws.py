@@ -32,6 +32,7 @@ def test_thinning_windows_and_cumulative_counts():
     assert stats["dispersion"].tolist() == [1.0, 3.0, 5.0, 7.0]
     assert buffer.uploaded_bits(2, chain=1) == 60 and buffer.rounds_at(2, chain=1) == 6
     assert buffer.uploaded_bits(-1, chain=0) == 0
+    assert [buffer.divergences_at(j, chain=0) for j in range(4)] == [1, 1, 2, 2]
     assert buffer.sample_stats(chain=0, start=1, stop=3)["uploaded_bits"].tolist() == [40, 60]
 
 

@@ -192,6 +192,9 @@ def test_non_finite_steps_are_reverted_and_counted():
     assert torch.isfinite(draws).all()
     divergences = mcmc.diagnostics()["divergences"]["chain 0"]
     assert len(divergences) > 0 and divergences == sorted(divergences)
+    # the progress bar's count (no warm-up here) and step size
+    assert kernel.logging()["divergences"] == len(divergences)
+    assert kernel.logging()["step"] == "50"
 
 
 @pytest.mark.parametrize(

@@ -405,8 +405,12 @@ class FederatedKernel(MCMCKernel):
         }
 
     def logging(self) -> OrderedDict:
+        """What the progress bar shows: the step size, the divergences, the averaging rounds and the bits
+        uploaded so far (this chain, warm-up included), and the preparation time when it was noticeable."""
         last = self._served - 1
         entries = [
+            ("step", f"{self.step_size:.3g}"),
+            ("divergences", self._buffer.divergences_at(last, self._chain)),
             ("rounds", self._buffer.rounds_at(last, self._chain)),
             ("Mbits up", f"{self._buffer.uploaded_bits(last, self._chain) / 1e6:.3g}"),
         ]

@@ -24,6 +24,7 @@ class DrawBuffer:
         self.positions: list[torch.Tensor | None] = []  # per chunk: [draws, C, d]
         self.stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
         self.rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
+        self.divergences: list[np.ndarray] = []  # per chunk: cumulative diverging draws, [draws, C]
 
     def add(
         self,
@@ -49,6 +50,8 @@ class DrawBuffer:
         for name, value in stats.items():
             self.stats.setdefault(name, []).append(value)
         self.rounds.append(rounds[t - 1 :: t])
+        previous = self.divergences[-1][-1] if self.divergences else 0
+        self.divergences.append(previous + np.cumsum(stats["diverging"], 0))
         if self.positions and not self.keep:
             self.positions[-1] = None
         self.positions.append(positions[t - 1 :: t])
@@ -74,6 +77,10 @@ class DrawBuffer:
     def rounds_at(self, draw: int, chain: int) -> int:
         """Averaging rounds of chain ``chain`` up to draw ``draw`` (0 before the first draw)."""
         return self._cumulative(self.rounds, draw, chain)
+
+    def divergences_at(self, draw: int, chain: int) -> int:
+        """Diverging draws of chain ``chain`` up to draw ``draw``, warm-up included."""
+        return self._cumulative(self.divergences, draw, chain)
 
     def _cumulative(self, chunks: list[np.ndarray], draw: int, chain: int) -> int:
         if draw < 0 or not chunks:
