@@ -31,8 +31,8 @@ def _potential(mcmc) -> FederatedPotential:
             f"to_inference_data needs an MCMC run with a pyro_fed kernel; got {type(kernel).__name__}. "
             "For Pyro's own kernels use arviz.from_pyro."
         )
-    if kernel.potential is None:  # chains ran in worker processes: rebuild the model's split here
-        return kernel.build_potential(*mcmc._args, **mcmc._kwargs)
+    if kernel.potential is None:
+        raise ValueError("to_inference_data needs an MCMC object after mcmc.run(...).")
     return kernel.potential
 
 
@@ -55,7 +55,9 @@ def to_inference_data(
       the algorithm's own statistics (FALD: ``communicated``, whether the server averaged, and
       ``dispersion`` :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`; VR-FALD⋆ also
       ``refreshed``);
-    - ``log_likelihood``: per datum of the data plate, ``chain × draw × N``, for ``az.loo``/``az.waic``;
+    - ``log_likelihood``: pointwise, ``chain × draw ×`` the observed site's batch shape (``× N`` for one
+      datum per plate entry), the plain ``log_prob`` as :func:`arviz.from_pyro` gives it, for
+      ``az.loo``/``az.waic``;
     - ``observed_data``: the observed sites of the plate;
     - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
 
@@ -64,7 +66,8 @@ def to_inference_data(
     :param bool posterior_predictive: draw and include posterior predictive replicates.
     :param int chunk_size: number of draws evaluated at once (memory: ``chunk_size × N``).
     :param dict coords: extra ArviZ coordinates.
-    :param dict dims: extra ArviZ dimensions per variable (the plate's sites get the plate's name).
+    :param dict dims: extra ArviZ dimensions per variable (the plate's axis of each observed site gets the
+        plate's name, wherever the plate sits among the site's dimensions).
     :returns: :class:`arviz.InferenceData` (ArviZ 0.x) or :class:`xarray.DataTree` (ArviZ 1.x).
     """
     potential = _potential(mcmc)
@@ -72,7 +75,9 @@ def to_inference_data(
     num_chains = next(iter(samples.values())).shape[0]
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
     groups = {"posterior": _numpy(samples)}
-    stats = [d["sample_stats"] for d in mcmc._diagnostics]
+    # MCMC's public diagnostics hold each chain's kernel diagnostics, our per-draw statistics among them
+    per_chain = mcmc.diagnostics()["sample_stats"]
+    stats = [per_chain[f"chain {c}"] for c in range(num_chains)]
     groups["sample_stats"] = {k: np.stack([s[k] for s in stats]) for k in stats[0]}
     if log_likelihood:
         groups["log_likelihood"] = _by_chain(
@@ -83,7 +88,12 @@ def to_inference_data(
         groups["posterior_predictive"] = _by_chain(
             potential.posterior_predictive(flat_draws, chunk_size), num_chains
         )
-    data_dims = {name: [potential.plate] for name in potential.likelihood_sites}
+    # the plate's axis in each observed site (not always the leftmost); axes before it get ArviZ-style names
+    data_dims = {}
+    for name in potential.likelihood_sites:
+        axis = potential.sites.plate_axis(name)
+        if axis is not None:
+            data_dims[name] = [f"{name}_dim_{i}" for i in range(axis)] + [potential.plate]
     data_dims.update(dims or {})
     if _ARVIZ_1:
         return az.from_dict(groups, coords=coords, dims=data_dims)

@@ -245,7 +245,7 @@ class FederatedPotential:
     def pointwise_log_likelihood(
         self, values: dict[str, torch.Tensor], chunk_size: int | None = None
     ) -> dict[str, torch.Tensor]:
-        """Log-likelihood of every datum, per observed site: ``{site: [M, N]}``
+        """Pointwise log-likelihood per observed site: ``{site: [M, *batch_shape]}``
         (:func:`pyro_fed.predictive.pointwise_log_likelihood`).
 
         :param values: constrained latent values with a leading dimension of ``M`` draws.

@@ -59,7 +59,10 @@ def _all_data(sites: ModelSites, values: dict[str, torch.Tensor]) -> torch.Tenso
 def pointwise_log_likelihood(
     sites: ModelSites, values: dict[str, torch.Tensor], chunk_size: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """Log-likelihood of every datum, per observed site of the plate: ``{site: [M, N]}``.
+    """Pointwise log-likelihood of every observed site of the plate: ``{site: [M, *batch_shape]}`` (``[M,
+    N]`` when the plate is the site's only batch dimension): the plain ``log_prob`` of the site's
+    distribution, in the layout of its batch shape (a ``poutine.scale`` factor is left out, as in
+    :func:`arviz.from_pyro`; masked entries give 0).
 
     :param values: constrained latent values with a leading dimension of ``M`` draws.
     :param int chunk_size: number of draws evaluated at once.
@@ -68,7 +71,7 @@ def pointwise_log_likelihood(
 
     def one_draw(draw):
         trace = sites.run(draw, indices)
-        return {name: sites.datum_log_prob(trace, name, sites.num_data) for name in sites.likelihood_sites}
+        return {name: sites.pointwise_log_prob(trace, name) for name in sites.likelihood_sites}
 
     return _map_draws(one_draw, values, chunk_size, sites.num_data)
 

@@ -226,9 +226,24 @@ class ModelSites:
         log-det-Jacobian."""
         return sum(_log_density(trace.nodes[name]).sum() for name in self.latent_names + self.global_observed)
 
+    def plate_axis(self, name: str) -> int | None:
+        """The axis of the data plate in the observed value of site ``name`` (``None`` if the value is
+        broadcast along it)."""
+        node = self.initial_trace.nodes[name]
+        axis = node["value"].dim() - len(node["fn"].event_shape) + self.plate_dim
+        return axis if axis >= 0 and node["value"].shape[axis] == self.num_data else None
+
+    def pointwise_log_prob(self, trace: Trace, name: str) -> torch.Tensor:
+        """The plain ``log_prob`` of the likelihood site ``name`` (masked entries 0, no ``poutine.scale``
+        factor), in the layout of the site's batch shape: ArviZ's convention for the log-likelihood."""
+        node = trace.nodes[name]
+        log_prob = scale_and_mask(node["fn"].log_prob(node["value"]), 1.0, node["mask"])
+        return log_prob.expand(node["fn"].batch_shape)
+
     def datum_log_prob(self, trace: Trace, name: str, num_indices: int) -> torch.Tensor:
         """Log-density of the likelihood site ``name`` per datum of the subsample, ``[num_indices]``, with
-        the site's own scale but without the plate's ``N / num_indices`` (weights are the caller's)."""
+        the site's own scale (``poutine.scale`` is part of the potential) but without the plate's
+        ``N / num_indices`` (weights are the caller's)."""
         node = trace.nodes[name]
         # the plate scales by N / |S|: undone here, the client weights N_i / n_i are applied by the caller
         lp = _log_density(node, num_indices / self.num_data)

@@ -4,6 +4,7 @@ import arviz as az
 import matplotlib
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC, NUTS
@@ -113,3 +114,31 @@ def test_rejects_other_kernels():
     mcmc.run(x, y)
     with pytest.raises(TypeError, match="pyro_fed kernel.*arviz.from_pyro"):
         pyro_fed.to_inference_data(mcmc)
+
+
+def run_kernel(model, args, **options):
+    pyro.set_rng_seed(2)
+    kernel = FaldKernel(model, 3, step_size=1e-4, batch_size=5, gradient_mode="traced", **options)
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
+    mcmc.run(*args)
+    return mcmc
+
+
+def test_dims_follow_the_plate_and_log_likelihood_is_unscaled():
+    # two measurements per datum, the data plate the rightmost batch dimension: y is [2, N]
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        with pyro.plate("data", x.shape[0], dim=-1) as idx, pyro.plate("repeats", 2, dim=-2):
+            with pyro.poutine.scale(scale=3.0):  # weighs the likelihood; not part of ArviZ's log-likelihood
+                pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[:, idx])
+
+    x, _ = regression_data(30)
+    y = torch.stack([x.sum(-1), x.sum(-1) + 0.1])
+    mcmc = run_kernel(model, (x, y), plate="data")
+    idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    assert idata.observed_data["y"].dims == ("y_dim_0", "data")
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "y_dim_0", "data")
+    assert idata.posterior_predictive["y"].dims == ("chain", "draw", "y_dim_0", "data")
+    w = torch.as_tensor(idata.posterior["w"].values[0, -1])
+    expected = dist.Normal(x @ w, 1.0).log_prob(y)  # plain log_prob, no factor 3
+    torch.testing.assert_close(torch.as_tensor(idata.log_likelihood["y"].values[0, -1]), expected)
