@@ -16,7 +16,9 @@ transforms, :math:`U^i_j` the negative log-likelihood of datum ``j`` of client `
 The model is evaluated with each client's minibatch indices injected into the data plate, and all clients
 are evaluated at once with :func:`torch.func.vmap` (one vectorised model evaluation per call, never a
 Python loop over clients). The functions here are neither traced nor compiled: they can be traced inside
-larger functions (see :mod:`pyro_fed.compile`), and they switch validation off themselves.
+larger functions (see :mod:`pyro_fed.compile`), and they switch validation off themselves. A model that
+:func:`torch.func.vmap` cannot batch (a Python ``if`` on a parameter's value, an in-place write of a
+parameter into a tensor made inside the model) is evaluated one client at a time instead, with a warning.
 
 **Reference:** Plassier et al., *Federated Averaging Langevin Dynamics: Toward a unified theory and new
 algorithms*, AISTATS 2023, Section 2.
@@ -24,6 +26,7 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -116,6 +119,8 @@ class ClientGradients:
         self.sites = sites
         self.space = space
         self.num_clients = len(client_indices)
+        #: whether the model is evaluated for all clients at once (see :meth:`check_vectorizable`)
+        self.vectorized = True
         device = prior_weights.device
         sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
         # The full gradients run on blocks of up to B data of one client each, not on clients padded to
@@ -160,7 +165,7 @@ class ClientGradients:
     ) -> torch.Tensor:
         """:meth:`client_potential` of ``m`` evaluations at once: ``points [m, d]``, ``indices [m, n]``,
         ``datum_weights [m, n]``, ``prior_weights [m]`` -> ``[m]``."""
-        return torch.func.vmap(self.client_potential)(points, indices, datum_weights, prior_weights)
+        return self._batched(self.client_potential)(points, indices, datum_weights, prior_weights)
 
     def gradient_fn(
         self,
@@ -172,9 +177,39 @@ class ClientGradients:
         """Gradients of :meth:`client_potential` for ``m`` evaluations at once (shapes as
         :meth:`potential_fn`) -> ``[m, d]``: with one row per client and its minibatch, the estimates
         :math:`\\hat\\nabla U^i(x_i; S_i)`."""
-        return torch.func.vmap(torch.func.grad(self.client_potential))(
+        return self._batched(torch.func.grad(self.client_potential))(
             points, indices, datum_weights, prior_weights
         )
+
+    def _batched(self, function: Callable) -> Callable:
+        """``function`` over rows: vectorised with :func:`torch.func.vmap`, or one row at a time for a model
+        that cannot be vectorised (see :meth:`check_vectorizable`)."""
+        if self.vectorized:
+            return torch.func.vmap(function)
+        return lambda *rows: torch.stack([function(*row) for row in zip(*rows, strict=True)])
+
+    def check_vectorizable(self, point: torch.Tensor) -> None:
+        """Try the vectorised gradient on two evaluations at ``point``; where :func:`torch.func.vmap` cannot
+        batch the model, switch to one evaluation at a time and say why and what it costs."""
+        indices = self._block_index[:1, :1].expand(2, 1)
+        try:
+            torch.func.vmap(torch.func.grad(self.client_potential))(
+                point.expand(2, -1),
+                indices,
+                torch.ones(2, 1, dtype=point.dtype, device=point.device),
+                torch.zeros(2, dtype=point.dtype, device=point.device),
+            )
+        except RuntimeError as error:
+            self.vectorized = False
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            warnings.warn(
+                f"pyro_fed cannot vectorise the model over clients (torch.func.vmap: {reason}); evaluating "
+                f"the {self.num_clients} clients one at a time instead, about {self.num_clients} times "
+                "slower per iteration, and without tracing or compilation. Common causes: a Python `if` on a "
+                "parameter's value (use torch.where) or an in-place write of a parameter into a tensor "
+                "made inside the model (build it with torch.cat or torch.stack).",
+                stacklevel=4,
+            )
 
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``

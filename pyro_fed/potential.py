@@ -99,6 +99,10 @@ class FederatedPotential:
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
         self.prior_weights = make_prior_weights(prior_weights, self.client_sizes, self.dtype)
         self.gradients = ClientGradients(self.sites, self.space, self.client_indices, self.prior_weights)
+        self.gradients.check_vectorizable(self._initial_flat)
+        if not self.gradients.vectorized:
+            # a trace would freeze the branches the model took at the traced point: run it as written
+            self.gradient_mode = "eager"
         self._prepared: dict[tuple, Prepared] = {}
         #: the raw batched minibatch gradient, untraced (a pure tensor function, to trace inside larger
         #: functions): see :meth:`pyro_fed.gradients.ClientGradients.gradient_fn`

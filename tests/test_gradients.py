@@ -6,11 +6,14 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_sample, init_to_value
+from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pyro_fed.gradients
+from pyro_fed import FaldKernel
 from pyro_fed.potential import FederatedPotential
 
 from .models import regression_data, scaled_regression
@@ -176,3 +179,44 @@ def test_draw_initial_flat_is_a_fresh_draw():
     flat = fixed.draw_initial_flat()
     torch.testing.assert_close(flat, torch.tensor([0.1, 0.2, 0.3, torch.tensor(2.0).log()]))
     torch.testing.assert_close(fixed.constrained(flat)[0]["sigma"], value["sigma"])
+
+
+# --------------------------------------------- models vmap cannot batch
+def _branching_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    scale = s if s > 0.5 else torch.tensor(0.5)  # a Python branch on a parameter's value
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, scale), obs=y[idx])
+
+
+def _in_place_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    padded = torch.zeros(x.shape[-1] + 1)
+    padded[: x.shape[-1]] = w  # an in-place write of a parameter into a tensor made here
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ padded[:-1] + padded[-1], 0.5), obs=y[idx])
+
+
+@pytest.mark.parametrize("model", [_branching_model, _in_place_model])
+def test_models_vmap_cannot_batch_run_client_by_client(model):
+    x, y = regression_data(40)
+    with pytest.warns(UserWarning, match="cannot vectorise the model over clients .* one at a time"):
+        pot = FederatedPotential(model, (x, y), clients=CLIENTS, gradient_mode="compiled")
+    assert not pot.gradients.vectorized and pot.gradient_mode == "eager"
+    # the client gradients sum to the gradient of Pyro's own potential, on both sides of the branch
+    _, potential_fn, _, _ = initialize_model(model, (x, y))
+    for value in (-1.0, 1.0):
+        point = torch.full((pot.dim,), value)
+        params = pot.unconstrained_params(point)
+        params = {k: v.detach().requires_grad_() for k, v in params.items()}
+        grads = torch.autograd.grad(potential_fn(params), list(params.values()))
+        expected = pot.flatten(dict(zip(params, grads, strict=True)))
+        torch.testing.assert_close(pot.full_client_grads(point).sum(0), expected)
+    # and a kernel samples it (as written, not traced)
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(model, 4, step_size=1e-3, batch_size=5)
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=5, disable_progbar=True)
+    with pytest.warns(UserWarning, match="cannot vectorise"):
+        mcmc.run(x, y)
+    assert all(torch.isfinite(v).all() for v in mcmc.get_samples().values())

@@ -315,9 +315,9 @@ class FederatedKernel(MCMCKernel):
         (then it is prepared once per shape: a new number of chains is a new shape)."""
         inputs = self._model_inputs
         if self._engine is None or not same_inputs(self._engine_inputs, inputs):
-            self._engine = ChunkEngine(
-                self._iteration, self.gradient_mode, what=f"the {type(self).__name__} iteration"
-            )
+            # a model evaluated client by client is run as written (see FederatedPotential)
+            mode = self.gradient_mode if self.potential.gradients.vectorized else "eager"
+            self._engine = ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
             self._engine_inputs = inputs
         return self._engine
 
