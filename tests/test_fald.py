@@ -187,7 +187,10 @@ def test_non_finite_steps_are_reverted_and_counted():
     kernel = FaldKernel(
         gaussian_regression(NOISE_SD), torch.arange(40) % 4, step_size=50.0, gradient_mode="traced"
     )
-    mcmc = run(kernel, (x, y), num_samples=300, warmup=0)
+    with pytest.warns(
+        UserWarning, match=r"of the 300 draws of chain 0 diverged .* Reduce step_size \(now 50\)"
+    ):
+        mcmc = run(kernel, (x, y), num_samples=300, warmup=0)
     draws = mcmc.get_samples()["w"]
     assert torch.isfinite(draws).all()
     divergences = mcmc.diagnostics()["divergences"]["chain 0"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -30,6 +31,8 @@ MAX_CHUNK_ELEMENTS = 2**27
 #: projected to take longer than this (seconds): a compilation takes about a second (tens of seconds the
 #: first time on a machine) and then makes iterations several times faster
 AUTO_COMPILE_SECONDS = 20.0
+#: fraction of diverging draws after warm-up above which a chain's end warns
+DIVERGING_WARNING = 0.01
 
 
 class ChainPlan(NamedTuple):
@@ -396,6 +399,14 @@ class FederatedKernel(MCMCKernel):
 
     def diagnostics(self) -> dict:
         stats = self.sample_stats()
+        diverging = stats.get("diverging", np.zeros(0, dtype=bool))
+        if len(diverging) and diverging.mean() > DIVERGING_WARNING:
+            warnings.warn(
+                f"{int(diverging.sum())} of the {len(diverging)} draws of chain {self._chain} diverged (a "
+                "step went non-finite and was reverted): the draws are not a sample of the posterior. Reduce "
+                f"step_size (now {self.step_size:.3g}).",
+                stacklevel=2,
+            )
         last = self._served - 1
         return {
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
