@@ -101,7 +101,7 @@ class GaussianClients(NamedTuple):
 def heterogeneous_gaussian_clients(
     num_clients: int, dim: int, *, mean_scale: float = 10.0, seed: int = 0, dtype=torch.float64
 ) -> GaussianClients:
-    r"""Random heterogeneous Gaussian clients, as in the FALD paper's experiment (``ALGORITHMS.md`` §8):
+    r"""Random heterogeneous Gaussian clients, as in the FALD paper's Gaussian experiment (Section 5):
     :math:`\mu_i = s \cdot N(0, I)` and :math:`\Sigma_i` made of random rotated 2×2 blocks scaled by
     :math:`c_i \sim U(0.1, 10.1)`.
 
@@ -246,7 +246,8 @@ def random_recursion_law(
 
 
 def _client_noise_cov(b: int, d: int, step_size: float, noise_corr: float, dtype) -> torch.Tensor:
-    """Covariance of the stacked client noises :math:`\\sqrt{2\\gamma} Z^i` (``ALGORITHMS.md`` §1)."""
+    """Covariance of the stacked client noises :math:`\\sqrt{2\\gamma} Z^i`
+    (:func:`pyro_fed.algorithms.langevin.client_noise`)."""
     mix = noise_corr / b * torch.ones(b, b, dtype=dtype) + (1 - noise_corr) * torch.eye(b, dtype=dtype)
     return 2 * step_size * torch.kron(mix, torch.eye(d, dtype=dtype))
 
@@ -397,7 +398,7 @@ def fald_stationary_law(
     clients: GaussianClients, step_size: float, comm_prob: float, noise_corr: float, **solver
 ) -> StationaryLaw:
     r"""Exact stationary law of FALD's reported draw :math:`\bar X` with full local batches on Gaussian
-    clients (``ALGORITHMS.md`` §1); ``solver`` options go to :func:`random_recursion_law`."""
+    clients (:mod:`pyro_fed.algorithms.fald`); ``solver`` options go to :func:`random_recursion_law`."""
     return random_recursion_law(*fald_outcomes(clients, step_size, comm_prob, noise_corr), **solver)
 
 
@@ -410,7 +411,7 @@ def vr_fald_stationary_law(
     **solver,
 ) -> StationaryLaw:
     r"""Exact stationary law of VR-FALD⋆'s reported draw :math:`\bar X` with full local batches on Gaussian
-    clients (``ALGORITHMS.md`` §2); ``solver`` options go to :func:`random_recursion_law`."""
+    clients (:mod:`pyro_fed.algorithms.vr_fald`); ``solver`` options go to :func:`random_recursion_law`."""
     return random_recursion_law(
         *vr_fald_outcomes(clients, step_size, comm_prob, noise_corr, refresh_prob), **solver
     )
@@ -419,5 +420,5 @@ def vr_fald_stationary_law(
 def squared_distance_bias(law: StationaryLaw, target_mean: torch.Tensor, target_cov: torch.Tensor) -> float:
     r"""Stationary bias of the statistic :math:`\|X - x_\star\|^2` as an estimator of
     :math:`\sigma_\star^2 = \mathrm{tr}\,\Sigma_\star`: :math:`\mathrm{tr}\,\mathrm{Cov}(X) +
-    \|E X - x_\star\|^2 - \mathrm{tr}\,\Sigma_\star` (``ALGORITHMS.md`` §7)."""
+    \|E X - x_\star\|^2 - \mathrm{tr}\,\Sigma_\star` (the FALD paper's Section 5 statistic)."""
     return float(law.cov.trace() + (law.mean - target_mean).square().sum() - target_cov.trace())

@@ -1,4 +1,4 @@
-"""Tests run in float64 (DESIGN.md: float64 in tests, float32 allowed in benchmarks and on GPU)."""
+"""Tests run in float64 (float32 is for benchmarks and GPUs)."""
 
 import pytest
 import torch

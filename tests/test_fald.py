@@ -47,7 +47,7 @@ def check_against_gaussian_law(draws, law):
 @pytest.mark.slow
 def test_fald_full_batch_matches_exact_discretised_law():
     # comm_prob = 1, full local batches: every iteration ends at consensus, and the average follows
-    # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (ALGORITHMS.md §1): a Gaussian AR(1).
+    # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (pyro_fed.algorithms.fald): a Gaussian AR(1).
     # Four chains run as one batch: each is a stationary chain of the exact law, independent of the others.
     x, y, clients, exact = heterogeneous_problem()
     _, posterior_cov = exact.posterior()
