@@ -205,6 +205,7 @@ class FederatedPotential:
             name
             for name, site in trace.nodes.items()
             if site["type"] == "sample"
+            and name not in self.sites.missing_sites
             and "log_prob_sum" in site
             and not torch.isfinite(site["log_prob_sum"])
         ]

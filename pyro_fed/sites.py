@@ -67,6 +67,24 @@ class _WithoutValidation(Messenger):
             msg["fn"] = without_validation(msg["fn"])
 
 
+class _FixMissing(Messenger):
+    """Gives the missing entries of an ``obs_mask`` site (``{name}_unobserved``) a fixed value: they are
+    marginalised out (left out of the potential), so no randomness is drawn for them."""
+
+    def __init__(self, names: set[str]):
+        super().__init__()
+        self.names = names
+
+    def _pyro_sample(self, msg) -> None:
+        if msg["name"] in self.names:
+            try:  # on the distribution's device and dtype
+                like = msg["fn"].mean
+            except NotImplementedError:
+                like = torch.zeros(())
+            msg["value"] = torch.zeros(msg["fn"].shape(), dtype=like.dtype, device=like.device)
+            msg["is_observed"] = True
+
+
 def is_random_variable(site: dict) -> bool:
     """A sample site that is a random variable of the model: not a plate's subsample site, and not a
     ``pyro.deterministic`` record (Pyro marks those observed, but they carry no density)."""
@@ -158,6 +176,8 @@ class ModelSites:
         self.latent_names: list[str] = []
         self.global_observed: list[str] = []
         self.likelihood_sites: list[str] = []
+        #: the missing entries of ``obs_mask`` sites: latent per datum, marginalised out by leaving them out
+        self.missing_sites: set[str] = set()
         for name, site in trace.nodes.items():
             if not is_random_variable(site):
                 continue
@@ -166,6 +186,12 @@ class ModelSites:
                 (self.likelihood_sites if in_plate else self.global_observed).append(name)
                 if in_plate:
                     self.plate_dim = next(f.dim for f in site["cond_indep_stack"] if f.name == self.plate)
+                continue
+            base = name.removesuffix("_unobserved")
+            if in_plate and base != name and f"{base}_observed" in trace.nodes and base in trace.nodes:
+                # pyro.sample(base, ..., obs_mask=...): its missing entries carry no information on the
+                # global parameters; leaving them out of the potential integrates them out exactly
+                self.missing_sites.add(name)
                 continue
             if in_plate:
                 raise ValueError(
@@ -217,9 +243,9 @@ class ModelSites:
         model = self.model if observed else poutine.uncondition(self.model)
         conditioned = poutine.condition(model, data={**values, self.plate: indices})
         with pyro.validation_enabled(False):
-            return poutine.trace(_WithoutValidation()(conditioned)).get_trace(
-                *self.model_args, **self.model_kwargs
-            )
+            return poutine.trace(
+                _WithoutValidation()(_FixMissing(self.missing_sites)(conditioned))
+            ).get_trace(*self.model_args, **self.model_kwargs)
 
     def global_log_density(self, trace: Trace) -> torch.Tensor:
         """Sum of the log-densities of the global sites, latent and observed: :math:`-U^0` but the

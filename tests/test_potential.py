@@ -4,8 +4,10 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import MCMC
 from pyro.infer.mcmc.util import initialize_model
 
+from pyro_fed import FaldKernel, to_inference_data
 from pyro_fed.potential import FederatedPotential
 
 from .models import logistic_model, regression_data, scaled_regression
@@ -303,3 +305,48 @@ def test_deterministic_sites_are_neither_data_nor_parameters():
     assert pot.likelihood_sites == ["y"] and pot.global_observed == []
     point = torch.randn(3)
     torch.testing.assert_close(pot.full_client_grads(point), plain.full_client_grads(point))
+
+
+def test_missing_data_of_obs_mask_sites_are_integrated_out():
+    # pyro.sample(..., obs_mask=...) adds a latent "y_unobserved" inside the plate: its entries carry no
+    # information on w, and leaving them out integrates them out exactly. The potential must equal the
+    # one of the same model on the observed data alone.
+    def model(x, y, observed):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.sample("y", dist.Normal(x[idx] @ w, 0.5), obs=y[idx], obs_mask=observed[idx])
+
+    x, y = regression_data(30)
+    observed = torch.arange(30) % 3 != 0
+    holes = torch.where(observed, y, torch.tensor(123.0))  # the placeholders of missing values are ignored
+    pot = FederatedPotential(model, (x, holes, observed), clients=torch.arange(30) % 3, gradient_mode="eager")
+    assert pot.sites.missing_sites == {"y_unobserved"} and pot.likelihood_sites == ["y_observed"]
+    kept = torch.ones(int(observed.sum()), dtype=torch.bool)
+    plain = FederatedPotential(
+        model,
+        (x[observed], y[observed], kept),
+        clients=torch.arange(int(observed.sum())) % 3,
+        gradient_mode="eager",
+    )
+    point = torch.randn(3)
+    torch.testing.assert_close(pot.potential(point), plain.potential(point))
+    torch.testing.assert_close(pot.full_client_grads(point).sum(0), plain.full_client_grads(point).sum(0))
+    pot.check_initial_points(point[None])
+    # and a kernel samples it, traced, with ArviZ output on the observed entries' site
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(
+        FaldKernel(model, 3, step_size=1e-3, gradient_mode="traced"),
+        num_samples=10,
+        warmup_steps=0,
+        disable_progbar=True,
+    )
+    mcmc.run(x, holes, observed)
+    idata = to_inference_data(mcmc)
+    assert idata.log_likelihood["y_observed"].shape == (1, 10, 30)
+    # NaN placeholders are masked in the potential but not in its gradient (where(mask, NaN, 0)' = NaN),
+    # as in Pyro itself: refused at set-up rather than sampled with NaN gradients
+    nan_holes = torch.where(observed, y, torch.tensor(float("nan")))
+    with pytest.raises(ValueError, match="gradient is not finite"):
+        FederatedPotential(
+            model, (x, nan_holes, observed), clients=3, gradient_mode="eager"
+        ).check_initial_points(point[None])
