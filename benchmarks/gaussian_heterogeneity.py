@@ -4,7 +4,7 @@ What is measured
 ----------------
 ``b = 100`` clients with Gaussian potentials :math:`U^i(x) = \frac12 (x - \mu_i)^\top \Sigma_i^{-1}
 (x - \mu_i)` in dimension ``d = 2`` (``--dim 4`` also works), drawn by
-:func:`pyro_fed.testing.heterogeneous_gaussian_clients` as in the authors' code (``ALGORITHMS.md`` §8):
+:func:`pyro_fed.testing.heterogeneous_gaussian_clients` as in the authors' code for the paper's Section 5:
 :math:`\mu_i = s \cdot N(0, I)` with ``s = mean_scale = 10``, :math:`\Sigma_i` random rotated 2×2 blocks
 scaled by :math:`c_i \sim U(0.1, 10.1)`. The target :math:`\pi \propto \exp(-\sum_i U^i)` is Gaussian and
 known exactly (:meth:`~pyro_fed.testing.GaussianClients.posterior`): :math:`x_\star` is its mean (= its
@@ -15,7 +15,7 @@ the exact analytic client gradients :math:`A_i (x - \mu_i)` (the paper's setting
 pure algorithms -- :func:`pyro_fed.algorithms.fald.step` and :func:`pyro_fed.algorithms.vr_fald.step`
 (and :func:`~pyro_fed.algorithms.vr_fald.refresh`) with :class:`~pyro_fed.algorithms.rng.Randomness` and
 :class:`~pyro_fed.communication.InProcessNetwork`,
-exactly the updates the Pyro kernels run (``ALGORITHMS.md`` §1, §2); VR-FALD⋆ uses :math:`q_c = p_c`.
+exactly the updates the Pyro kernels run (the FALD paper's Sections 2 and 3); VR-FALD⋆ uses :math:`q_c = p_c`.
 Each chain starts with every client (and VR-FALD⋆'s reference point) at :math:`x_\star`, runs :math:`k_1`
 iterations, discards :math:`k_0 = k_1/10`, and estimates
 
@@ -24,7 +24,7 @@ iterations, discards :math:`k_0 = k_1/10`, and estimates
 Per configuration and algorithm the table reports, over the chains,
 ``MSE`` = mean of :math:`(\hat\sigma^2 - \sigma_\star^2)^2` = ``bias²`` + ``var`` with ``bias`` = mean of
 :math:`\hat\sigma^2 - \sigma_\star^2` and ``var`` the spread of :math:`\hat\sigma^2` across chains
-(``ALGORITHMS.md`` §7), and the **exact stationary bias**
+(the paper's Table 1 statistic), and the **exact stationary bias**
 :math:`E_\infty\|\bar X - x_\star\|^2 - \sigma_\star^2` of the discretised chain, computed without any
 simulation from the exact stationary law of the chain (on Gaussian targets both samplers are random linear
 recursions; :func:`pyro_fed.testing.fald_stationary_law`,
@@ -605,7 +605,8 @@ def main(argv=None) -> None:
         "difference). "
         + "; ".join(lines3)
         + (". " if lines3 else "")
-        + "(At p_c = 1 τ has no effect: the average always gets noise variance 2γ/b, ALGORITHMS.md §1.)"
+        + "(At p_c = 1 τ has no effect: the average always gets noise variance 2γ/b, see "
+        "pyro_fed.algorithms.langevin.client_noise.)"
     )
 
     # ---------------------------------------------------------------- output

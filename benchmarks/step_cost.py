@@ -2,8 +2,8 @@
 
 What is measured
 ----------------
-Wall-clock time of **one FALD iteration** (ALGORITHMS.md §1: fresh minibatch gradient of every client,
-correlated Langevin noise, one communication coin, averaging when it lands heads, the reported client
+Wall-clock time of **one FALD iteration** (the FALD paper's Section 2: fresh minibatch gradient of every
+client, correlated Langevin noise, one communication coin, averaging when it lands heads, the reported client
 average) for Bayesian logistic regression with ``d = 10`` features, a ``Normal(0, 1)`` prior on the
 weights, synthetic data, an i.i.d. partition with 64 points per client (``N = 64 b``) and minibatches of 32
 points per client, at ``b = 10, 100, 1000`` clients (``--clients 1 10 100 1000`` adds ``b = 1``), for:
@@ -43,7 +43,7 @@ before anything is timed. (The former Python-loop-over-clients implementation is
 
 Why
 ---
-DESIGN.md ("Performance principles") asks that an iteration cost little more than its tensor work. With
+The project's performance goal is that an iteration cost little more than its tensor work. With
 the chunked engine the targets are: the default kernel within **1.5x** of the hand-written step at
 ``b = 100`` and ``b = 1000``, within **2x** at ``b = 10`` (where fixed per-iteration costs dominate), and
 8 chains at ``b = 100`` costing no more per iteration than one chain at ``b = 800``. The script reports
@@ -170,7 +170,7 @@ def make_kernel_step(problem: Problem, seed: int, num_chains: int = 1, **options
 
 # ------------------------------------------------------------------ (b) hand-written batched torch
 class FaldUpdate:
-    """Noise, coin and averaging of FALD given the clients' gradients (ALGORITHMS.md §1)."""
+    """Noise, coin and averaging of FALD given the clients' gradients (pyro_fed.algorithms.fald)."""
 
     def __init__(self, b: int, seed: int):
         self.b = b
