@@ -232,12 +232,9 @@ class FederatedPotential:
 
     def _prepare(self, function: Callable, args: tuple[torch.Tensor, ...], what: str) -> Prepared:
         """``function`` prepared in ``gradient_mode`` for inputs of these shapes, once per shape."""
-        key = (what, *(a.shape for a in args))
-        if (
-            key not in self._prepared
-            or self._prepared[key].mode == "traced"
-            and self.gradient_mode == "compiled"
-        ):
+        # the requested mode is part of the key: a compilation that fell back is not tried again at each call
+        key = (what, self.gradient_mode, *(a.shape for a in args))
+        if key not in self._prepared:
             self._prepared[key] = prepare(function, args, self.gradient_mode, what=what)
         return self._prepared[key]
 

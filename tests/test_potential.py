@@ -1,4 +1,5 @@
 import itertools
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -107,6 +108,10 @@ def test_failed_tracing_falls_back_to_eager_with_a_warning(monkeypatch):
     with pytest.warns(UserWarning, match="could not prepare.*cannot trace this.*running it eager"):
         grads = pot.client_grads(points, pot.full_batches)
     torch.testing.assert_close(grads, eager.client_grads(points, eager.full_batches))
+    # the fallback is kept for that shape: no new attempt, no second warning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="pyro_fed could not prepare")
+        pot.client_grads(points, pot.full_batches)
 
 
 def test_bad_gradient_mode():
@@ -350,3 +355,18 @@ def test_missing_data_of_obs_mask_sites_are_integrated_out():
         FederatedPotential(
             model, (x, nan_holes, observed), clients=3, gradient_mode="eager"
         ).check_initial_points(point[None])
+
+
+def test_failed_compilation_is_not_retried(monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr("torch._inductor.compile", broken_compile)
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="compiled")
+    point = torch.randn(pot.dim)
+    with pytest.warns(UserWarning, match="could not prepare.*no compiler here.*running it traced"):
+        first = pot.full_client_grads(point)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="pyro_fed could not prepare")
+        torch.testing.assert_close(pot.full_client_grads(point), first)
