@@ -79,19 +79,13 @@ class ChunkEngine:
         """
         if stop <= start:
             return state, []
-        num_state = len(state)
         function = self.prepared(state, tuple(t[0] for t in inputs), constants)
         full_chunk = start == 0 and stop == inputs[0].shape[0]
         if full_chunk and self.cuda_graphs and state[0].is_cuda and function.mode != "eager":
             graph = self._graph(function, state, inputs, constants)
             if graph is not None:
                 return graph(state, inputs, constants)
-        outputs = []
-        for k in range(start, stop):
-            result = function(*state, *(t[k] for t in inputs), *constants)
-            state = tuple(result[:num_state])
-            outputs.append(result[num_state:])
-        return state, [torch.stack(column) for column in zip(*outputs, strict=True)]
+        return _iterate(function, state, inputs, constants, start, stop)
 
     def _graph(self, function: Prepared, state: Tensors, inputs: Tensors, constants: Tensors):
         """The chunk captured as a CUDA graph, once per shape; ``None`` (with one warning) where the capture
@@ -108,6 +102,24 @@ class ChunkEngine:
                 )
                 self._graphs[key] = None
         return self._graphs[key]
+
+
+def _iterate(
+    function: Callable,
+    state: Tensors,
+    inputs: Sequence[torch.Tensor],
+    constants: Sequence[torch.Tensor],
+    start: int,
+    stop: int,
+) -> tuple[Tensors, list[torch.Tensor]]:
+    """Iterations ``start .. stop - 1``, one call of ``function`` each: the last state and the outputs
+    stacked ``[stop - start, ...]``."""
+    num_state, outputs = len(state), []
+    for k in range(start, stop):
+        result = function(*state, *(t[k] for t in inputs), *constants)
+        state = tuple(result[:num_state])
+        outputs.append(result[num_state:])
+    return state, [torch.stack(column) for column in zip(*outputs, strict=True)]
 
 
 class _ChunkGraph:
@@ -135,12 +147,7 @@ class _ChunkGraph:
     def _iterate(self, function: Prepared):
         s, i = self.num_state, self.num_inputs
         state, inputs, constants = self.static[:s], self.static[s : s + i], self.static[s + i :]
-        columns = []
-        for k in range(self.num_iterations):
-            result = function(*state, *(t[k] for t in inputs), *constants)
-            state = result[:s]
-            columns.append(result[s:])
-        return list(state), [torch.stack(column) for column in zip(*columns, strict=True)]
+        return _iterate(function, tuple(state), inputs, constants, 0, self.num_iterations)
 
     def __call__(self, state: Tensors, inputs: Tensors, constants: Tensors):
         for static, value in zip(self.static, (*state, *inputs, *constants), strict=True):

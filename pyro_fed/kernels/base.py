@@ -293,24 +293,14 @@ class FederatedKernel(MCMCKernel):
         return new, (self.position(new_state), self.network.dispersion(new_state.clients), finite)
 
     def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        pot, num_chains = self.potential, self.plan.num_chains
-        noise = self._noise(num_iterations, num_chains)
+        pot = self.potential
+        leading = (num_iterations, self.plan.num_chains)
+        noise = client_noise(self.rng, leading, pot.num_clients, pot.dim, self.noise_corr_value(), pot.dtype)
         communicate = torch.as_tensor(coins["communicated"], device=pot.device)
         if self.minibatches is None:
             return noise, communicate
         indices = self.minibatches()[:num_iterations]
         return indices, noise, communicate
-
-    def _noise(self, num_iterations: int, num_chains: int) -> torch.Tensor:
-        pot = self.potential
-        return client_noise(
-            self.rng,
-            (num_iterations, num_chains),
-            pot.num_clients,
-            pot.dim,
-            self.noise_corr_value(),
-            pot.dtype,
-        )
 
     def engine(self) -> ChunkEngine:
         """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
@@ -319,10 +309,18 @@ class FederatedKernel(MCMCKernel):
         inputs = self._model_inputs
         if self._engine is None or not same_inputs(self._engine_inputs, inputs):
             # a model evaluated client by client is run as written (see FederatedPotential)
-            mode = self.gradient_mode if self.potential.gradients.vectorized else "eager"
-            self._engine = ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
+            self._engine = self._new_engine(
+                self.gradient_mode if self.potential.gradients.vectorized else "eager"
+            )
             self._engine_inputs = inputs
         return self._engine
+
+    def _new_engine(self, mode: str) -> ChunkEngine:
+        return ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
+
+    def _remaining_iterations(self) -> int | None:
+        """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
+        return None if self._iterations_needed is None else self._iterations_needed - self._computed
 
     @property
     def preparation_seconds(self) -> float:
@@ -335,16 +333,14 @@ class FederatedKernel(MCMCKernel):
         take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
         if self._engine.mode != "auto":
             return
-        remaining = math.inf if self._iterations_needed is None else self._iterations_needed - self._computed
-        if remaining * seconds / num_iterations > AUTO_COMPILE_SECONDS:
-            self._engine = ChunkEngine(
-                self._iteration, "compiled", what=f"the {type(self).__name__} iteration"
-            )
+        remaining = self._remaining_iterations()
+        if (math.inf if remaining is None else remaining) * seconds / num_iterations > AUTO_COMPILE_SECONDS:
+            self._engine = self._new_engine("compiled")
             self.potential.gradient_mode = "compiled"  # and the full gradients of refreshes, if any
 
     def _run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain."""
-        remaining = None if self._iterations_needed is None else self._iterations_needed - self._computed
+        remaining = self._remaining_iterations()
         num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
         start_time = time.perf_counter()
         coins = self.draw_coins(num_iterations)
