@@ -223,7 +223,7 @@ class ClientGradients:
     def _sum_over_data(self, per_block: Callable, points: torch.Tensor) -> torch.Tensor:
         """Sum ``per_block`` (:meth:`potential_fn` or :meth:`gradient_fn`) over each client's data blocks,
         every datum evaluated once at its client's point, with weight 1 and prior weight
-        :math:`\varpi^i/N_i`."""
+        :math:`\\varpi^i/N_i`."""
         m, b, d = points.shape
         num_blocks, block = self._block_index.shape
         # chunks bound the memory of the per-block terms (a traced graph unrolls this loop)
