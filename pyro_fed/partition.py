@@ -131,11 +131,16 @@ def by_group(groups) -> torch.LongTensor:
     return _codes(groups, "groups")[0]
 
 
+#: the number of i.i.d. clients a kernel simulates when ``clients`` is not given
+DEFAULT_CLIENTS = 10
+
+
 def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTensor]:
     """
     Validates a user's ``clients`` argument and converts it to one index tensor per client.
 
-    :param clients: either a number of clients ``b`` (an i.i.d. split, :func:`iid` with ``seed=0``), or
+    :param clients: ``None`` (``DEFAULT_CLIENTS`` i.i.d. clients, or one per datum when there are fewer
+        data), a number of clients ``b`` (an i.i.d. split, :func:`iid` with ``seed=0``), or
         client ids (a 1-D integer tensor or a sequence of ints of length ``N`` with values ``0..b-1``,
         every client non-empty), or a sequence of ``b`` non-empty 1-D integer index tensors, pairwise
         disjoint.
@@ -145,6 +150,8 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
     :returns: the ``b`` sorted index tensors.
     :rtype: list[torch.LongTensor]
     """
+    if clients is None and num_data is not None:
+        clients = min(DEFAULT_CLIENTS, num_data)
     if isinstance(clients, (int, np.integer)) and not isinstance(clients, bool):
         if num_data is None or not 1 <= clients <= num_data:
             raise ValueError(

@@ -76,7 +76,8 @@ def step(
     :param noise: the clients' noises :math:`Z^i`, broadcastable to ``[C, b, d]``.
     :param communicate: the coins :math:`B_{k+1}`, ``[C]`` boolean.
     :param network: the communication layer (averaging and broadcasting).
-    :param step_size: :math:`\\gamma`, a tensor.
+    :param step_size: :math:`\\gamma`, a tensor: a scalar, or :math:`\\gamma m` per coordinate (``[d]``) for
+        preconditioned steps.
     """
     return FaldState(
         local_and_average(state.clients, gradients(state.clients), noise, communicate, network, step_size)

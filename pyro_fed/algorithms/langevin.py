@@ -12,11 +12,13 @@ from .rng import Randomness
 def langevin_step(
     x: torch.Tensor, grad: torch.Tensor, step_size: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
-    r"""One unadjusted Langevin step :math:`x - \gamma g + \sqrt{2\gamma}\, Z`.
+    r"""One unadjusted Langevin step :math:`x - h \odot g + \sqrt{2h} \odot Z`.
 
     :param x: current point(s).
     :param grad: (estimate of) the potential's gradient at ``x``.
-    :param step_size: :math:`\gamma > 0` (a tensor, so that a compiled step does not depend on its value).
+    :param step_size: :math:`h > 0`, a tensor (so that a compiled step does not depend on its value):
+        a scalar :math:`\gamma`, or per coordinate (``[d]``) :math:`h = \gamma m` for the step preconditioned
+        by the inverse mass :math:`m` (:mod:`pyro_fed.algorithms.adaptation`).
     :param noise: standard Gaussian noise :math:`Z`, broadcastable to the shape of ``x``.
     """
     return x - step_size * grad + (2.0 * step_size).sqrt() * noise

@@ -37,3 +37,15 @@ def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
         interval = "[0, 1]" if allow_zero else "(0, 1]"
         raise ValueError(f"{name} must be a number in {interval}; got {value!r}.")
     return float(value)
+
+
+def check_preconditioner(value):
+    """``None``, ``"adapt"`` or a tensor of positive finite numbers (its length is checked at set-up)."""
+    if value is None or (isinstance(value, str) and value == "adapt"):
+        return value
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and bool((value.isfinite() & (value > 0)).all()):
+        return value.detach()
+    raise ValueError(
+        f"preconditioner must be None (adapted with an automatic step size), 'adapt', or a 1-D tensor of "
+        f"positive finite numbers (the inverse mass of each unconstrained coordinate); got {value!r}."
+    )

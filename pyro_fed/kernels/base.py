@@ -21,7 +21,8 @@ from ..compile import check_mode, inputs_signature, same_inputs
 from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
 from ..potential import FederatedPotential
-from .arguments import check_positive, check_positive_int
+from . import warmup
+from .arguments import check_positive, check_positive_int, check_preconditioner
 from .draws import DrawBuffer
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
@@ -33,6 +34,10 @@ MAX_CHUNK_ELEMENTS = 2**27
 AUTO_COMPILE_SECONDS = 20.0
 #: fraction of diverging draws after warm-up above which a chain's end warns
 DIVERGING_WARNING = 0.01
+#: a step that moves a chain's draw farther than this many preconditioner scales (:math:`\sqrt{m_k}`, the
+#: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
+#: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
+EXPLOSION_SCALES = 1e6
 
 
 class ChainPlan(NamedTuple):
@@ -62,18 +67,28 @@ class FederatedKernel(MCMCKernel):
     :meth:`averages` (and, for out-of-step events, :meth:`event_iterations` and :meth:`event`) with the
     pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
     :class:`~pyro_fed.potential.FederatedPotential`, the randomness, the minibatches, the network, reverting
-    non-finite steps (counted as divergences), the buffers and the per-draw statistics.
+    diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw statistics.
 
     :param model: a Pyro model whose likelihood is a plate over data.
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.partition`).
-    :param float step_size: the step size :math:`\\gamma`.
+    :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
+        from the curvature of the potential at its mode; see :mod:`pyro_fed.algorithms.adaptation`).
+    :param preconditioner: the inverse mass :math:`m` of the preconditioned steps
+        :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`: ``None`` (default:
+        adapted when ``step_size`` is automatic, none — the identity — when the user gives ``step_size``, so
+        that a given step keeps its meaning in the model's unconstrained units), ``"adapt"`` (adapted, also
+        with a given ``step_size``) or a tensor of ``d`` positive numbers (fixed).
     :param int batch_size: minibatch size per client (``None``: the full local data).
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
-    :param init_strategy: a Pyro init strategy (default: the prior median), drawn afresh for every chain.
+    :param init_strategy: a Pyro init strategy, drawn afresh for every chain. Default ``None``: with an
+        adapted preconditioner, each chain starts at an independent draw of the Laplace approximation the
+        warm-up found (the mode plus :math:`\\sqrt m \\odot N(0, I)`), where the chosen step is known to be
+        stable; otherwise at the prior median (:func:`~pyro.infer.autoguide.init_to_median`, which also
+        starts the search for the mode). ``initial_params`` given to ``MCMC`` override both.
     :param str gradient_mode: how an iteration runs: ``"auto"`` (default: traced once per shape, and
         compiled as soon as the rest of the run is projected to take more than ``AUTO_COMPILE_SECONDS``
         traced), ``"compiled"`` (traced and compiled by TorchInductor from the start: about a second of
@@ -90,13 +105,14 @@ class FederatedKernel(MCMCKernel):
     def __init__(
         self,
         model: Callable,
-        clients,
+        clients=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
+        preconditioner=None,
         batch_size: int | None = None,
         prior_weights="proportional",
         plate: str | None = None,
-        init_strategy: Callable = init_to_median,
+        init_strategy: Callable | None = None,
         gradient_mode: str = "auto",
         thinning: int = 1,
         chunk_size: int = 64,
@@ -104,7 +120,11 @@ class FederatedKernel(MCMCKernel):
         self.model = model
         self.gradient_mode = check_mode(gradient_mode)
         self.clients = clients
-        self.step_size = check_positive("step_size", step_size)
+        self.step_size = None if step_size is None else check_positive("step_size", step_size)
+        self.preconditioner = check_preconditioner(preconditioner)
+        #: what the warm-up chose (:class:`~pyro_fed.algorithms.adaptation.Adaptation`), or ``None`` when the
+        #: user gave everything
+        self.adaptation = None
         self.batch_size = check_positive_int("batch_size", batch_size, "full local data")
         self.thinning = check_positive_int("thinning", thinning)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -172,7 +192,7 @@ class FederatedKernel(MCMCKernel):
             clients=self.clients,
             plate=self.plate,
             prior_weights=self.prior_weights,
-            init_strategy=self.init_strategy,
+            init_strategy=self.init_strategy or init_to_median,
             gradient_mode=self.gradient_mode,
         )
 
@@ -186,7 +206,8 @@ class FederatedKernel(MCMCKernel):
         self._model_inputs = inputs_signature(args, kwargs)
         num_chains = self.plan.num_chains
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
-        self.rng = Randomness(int(torch.randint(0, 2**62, (), device="cpu").item()), pot.device)
+        seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
+        self.rng = Randomness(seed, pot.device)
         self.network = InProcessNetwork(pot.num_clients, pot.dim, num_chains)
         self.full_local_batches = self.batch_size is None or self.batch_size >= int(pot.client_sizes.max())
         self._chain, self._served, self._computed = 0, 0, 0
@@ -196,6 +217,12 @@ class FederatedKernel(MCMCKernel):
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
         pot.check_initial_points(positions)
+        inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
+        if self._starts_from_laplace():
+            mode, scales = self.adaptation.mode, inverse_mass.sqrt()
+            positions = mode + scales * self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
+            pot.check_initial_points(positions)
+            self._initial_params = [pot.unconstrained_params(p) for p in positions]
         self._state = tuple(self.init_state(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and the noise (one shared row of d
         # when every client receives the same noise)
@@ -216,9 +243,51 @@ class FederatedKernel(MCMCKernel):
                 dtype=pot.dtype,
             )
         )
-        self._constants = (torch.tensor(self.step_size, dtype=pot.dtype, device=pot.device),)
+        # inputs of the prepared iteration: the per-coordinate step gamma * m, and the explosion bounds
+        self._constants = (
+            self.current_step_size * inverse_mass,
+            positions.clone(),
+            EXPLOSION_SCALES * inverse_mass.sqrt(),
+        )
         # later chains are served from the buffer only when a run will ask for them
         self._buffer = DrawBuffer(self.thinning, keep=num_chains > 1 and self._iterations_needed is not None)
+
+    def _choose_step_and_preconditioner(self, start: torch.Tensor, seed: int) -> torch.Tensor:
+        """Run the warm-up adaptation if anything is automatic (from chain 0's initial point ``start``, so
+        that it is the same for any number of chains); the inverse mass ``[d]``."""
+        pot = self.potential
+        if isinstance(self.preconditioner, torch.Tensor) and self.preconditioner.shape != (pot.dim,):
+            raise ValueError(
+                f"preconditioner has shape {tuple(self.preconditioner.shape)}; the model has {pot.dim} "
+                "unconstrained coordinates: give one positive number per coordinate."
+            )
+        self.adaptation = None
+        if self.step_size is None or self.preconditioner == "adapt":
+            self.adaptation = warmup.adapt(self, start, seed)
+            return self.adaptation.preconditioner
+        if isinstance(self.preconditioner, torch.Tensor):
+            return self.preconditioner.to(pot.device, pot.dtype)
+        return torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
+
+    @property
+    def current_step_size(self) -> float | None:
+        """The step size :math:`\\gamma` of the current run: the user's, or the one the warm-up chose."""
+        return self.adaptation.step_size if self.adaptation is not None else self.step_size
+
+    def adaptation_noise(self, minibatch_gradients: Callable, mode: torch.Tensor, scales: torch.Tensor):
+        """``[R, b, d]`` draws of what makes the clients' gradient estimates noisy, at the mode: their
+        minibatch gradients (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R``
+        minibatches). Samplers with control variates measure the noise of their own estimate instead."""
+        return minibatch_gradients(mode[None])[:, 0]
+
+    def _starts_from_laplace(self) -> bool:
+        """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""
+        return (
+            self.adaptation is not None
+            and self.init_strategy is None
+            and self.plan.initial_params is None
+            and self._user_initial_params is None
+        )
 
     def _continues_batched_run(self) -> bool:
         """Whether this ``setup`` is Pyro's for the next chain of a batched run whose chains are computed."""
@@ -282,15 +351,17 @@ class FederatedKernel(MCMCKernel):
         """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
         indices = inputs[0] if self.minibatches is not None else None
         noise, communicate = inputs[-2:]
-        new = self.step(self.state_type(*state), self._gradients(indices), noise, communicate, *constants)
+        step_size, start, bound = constants
+        new = self.step(self.state_type(*state), self._gradients(indices), noise, communicate, step_size)
         # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
-        finite = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
-        # a non-finite step is reverted without waiting for the device: select, don't branch
+        valid = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
+        valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
+        # a diverging step is reverted without waiting for the device: select, don't branch
         new = tuple(
-            torch.where(finite.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
+            torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
         )
         new_state = self.state_type(*new)
-        return new, (self.position(new_state), self.network.dispersion(new_state.clients), finite)
+        return new, (self.position(new_state), self.network.dispersion(new_state.clients), valid)
 
     def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         pot = self.potential
@@ -399,12 +470,18 @@ class FederatedKernel(MCMCKernel):
         if len(diverging) and diverging.mean() > DIVERGING_WARNING:
             warnings.warn(
                 f"{int(diverging.sum())} of the {len(diverging)} draws of chain {self._chain} diverged (a "
-                "step went non-finite and was reverted): the draws are not a sample of the posterior. Reduce "
-                f"step_size (now {self.step_size:.3g}).",
+                "step went non-finite or exploded and was reverted): the draws are not a sample of the "
+                f"posterior. Pass a smaller step_size (now {self.current_step_size:.3g}"
+                + (", chosen automatically" if self.step_size is None else "")
+                + ").",
                 stacklevel=2,
             )
         last = self._served - 1
         return {
+            "step size": self.current_step_size,
+            "preconditioner": None
+            if self.adaptation is None
+            else self.adaptation.preconditioner.cpu().numpy(),
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
             "communication rounds": self._buffer.rounds_at(last, self._chain),
             "uploaded bits": self._buffer.uploaded_bits(last, self._chain),
@@ -416,7 +493,7 @@ class FederatedKernel(MCMCKernel):
         uploaded so far (this chain, warm-up included), and the preparation time when it was noticeable."""
         last = self._served - 1
         entries = [
-            ("step", f"{self.step_size:.3g}"),
+            ("step", f"{self.current_step_size:.3g}"),
             ("divergences", self._buffer.divergences_at(last, self._chain)),
             ("rounds", self._buffer.rounds_at(last, self._chain)),
             ("Mbits up", f"{self._buffer.uploaded_bits(last, self._chain) / 1e6:.3g}"),

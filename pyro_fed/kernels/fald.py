@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from pyro.infer.autoguide.initialization import init_to_median
 
 from ..algorithms import fald
 from .arguments import check_probability
@@ -42,14 +41,19 @@ class FaldKernel(FederatedKernel):
         reads its data through the plate's indices (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
-        :mod:`pyro_fed.partition`).
-    :param float step_size: :math:`\gamma > 0`.
+        :mod:`pyro_fed.partition`); default: 10 i.i.d. clients (one per datum with fewer than 10 data).
+    :param float step_size: :math:`\gamma > 0` (default: chosen from the potential's curvature before the
+        chains start, see :mod:`pyro_fed.algorithms.adaptation`).
+    :param preconditioner: the inverse mass :math:`m` of preconditioned steps (default: adapted with an
+        automatic ``step_size``, none with a given one), ``"adapt"`` or a tensor of ``d`` positive numbers;
+        see :class:`~pyro_fed.FederatedKernel`.
     :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration.
     :param float noise_corr: :math:`\tau \in [0, 1]`, the correlation of the clients' noises.
     :param int batch_size: minibatch size :math:`n_i` per client (``None``: full local data).
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
-    :param init_strategy: a Pyro init strategy (default :func:`~pyro.infer.autoguide.init_to_median`).
+    :param init_strategy: a Pyro init strategy (default: a draw of the warm-up's Laplace approximation when
+        the preconditioner is adapted, else the prior median); see :class:`~pyro_fed.FederatedKernel`.
     :param str gradient_mode: ``"auto"`` (default: compiled when the run is long enough to pay for it),
         ``"compiled"``, ``"traced"`` or ``"eager"``; see :class:`~pyro_fed.FederatedKernel`.
     :param int thinning: iterations per draw (default 1).
@@ -65,15 +69,16 @@ class FaldKernel(FederatedKernel):
     def __init__(
         self,
         model: Callable,
-        clients,
+        clients=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
+        preconditioner=None,
         comm_prob: float = 1.0,
         noise_corr: float = 1.0,
         batch_size: int | None = None,
         prior_weights="proportional",
         plate: str | None = None,
-        init_strategy: Callable = init_to_median,
+        init_strategy: Callable | None = None,
         gradient_mode: str = "auto",
         thinning: int = 1,
         chunk_size: int = 64,
@@ -82,6 +87,7 @@ class FaldKernel(FederatedKernel):
             model,
             clients,
             step_size=step_size,
+            preconditioner=preconditioner,
             batch_size=batch_size,
             prior_weights=prior_weights,
             plate=plate,

@@ -42,7 +42,7 @@ class VrFaldKernel(FaldKernel):
 
     state_type = vr_fald.VrFaldState
 
-    def __init__(self, model, clients, *, refresh_prob: float | None = None, **kwargs):
+    def __init__(self, model, clients=None, *, refresh_prob: float | None = None, **kwargs):
         super().__init__(model, clients, **kwargs)
         self.refresh_prob = check_probability(
             "refresh_prob", self.comm_prob if refresh_prob is None else refresh_prob
@@ -61,6 +61,14 @@ class VrFaldKernel(FaldKernel):
         pot, r = self.potential, points.shape[0]
         padded = points[torch.arange(2 ** math.ceil(math.log2(r)), device=points.device).clamp(max=r - 1)]
         return pot.full_client_grads(padded[:, None, :].expand(-1, pot.num_clients, -1))[:r]
+
+    def adaptation_noise(self, minibatch_gradients, mode, scales):
+        # the control variate's error: the same minibatch at a client point and at the reference point, a
+        # typical distance apart (two independent draws differ by about sqrt(2) posterior sds)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
+        grads = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
+        return grads[:, 0] - grads[:, 1]
 
     def step(self, state, gradients, noise, communicate, step_size):
         return vr_fald.step(

@@ -1,0 +1,79 @@
+"""The kernels' warm-up: the step size and the preconditioner chosen from the model's curvature
+(:mod:`pyro_fed.algorithms.adaptation`), with the potential's federated gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..algorithms import adaptation
+from ..algorithms.rng import Randomness
+from ..minibatch import MinibatchSampler
+
+#: minibatches drawn per client to measure the gradient noise at the mode
+NOISE_DRAWS = 32
+
+
+def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
+    """Choose what the user left automatic in ``kernel`` (its ``step_size``, its ``preconditioner``) from
+    the curvature of its potential at the mode found from ``start`` (``[d]``); the bits the clients upload
+    for it are counted on ``kernel.network`` for every chain. ``seed`` seeds the minibatches of the noise
+    measurement: the choice depends on neither the number of chains nor their randomness."""
+    pot = kernel.potential
+    b = pot.num_clients
+
+    def potential(x: torch.Tensor) -> torch.Tensor:
+        return pot.client_potentials(x).sum()
+
+    def gradient(x: torch.Tensor) -> torch.Tensor:
+        return pot.full_client_grads(x).sum(0)
+
+    mode, rounds = adaptation.find_mode(potential, gradient, start)
+    diagonals = adaptation.client_hessian_diagonals(pot.full_gradient_fn, mode, b)
+    rounds += 1  # each client uploads its diagonal
+    curvature = diagonals.sum(0)
+    if isinstance(kernel.preconditioner, torch.Tensor):
+        inverse_mass = kernel.preconditioner.to(pot.device, pot.dtype)
+    elif kernel.preconditioner == "adapt" or kernel.step_size is None:
+        inverse_mass = adaptation.preconditioner(curvature)
+    else:
+        inverse_mass = torch.ones_like(curvature)
+    scales = inverse_mass.sqrt()
+    # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
+    stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, mode, scales, b).max())
+    noise = 0.0
+    if not kernel.full_local_batches:
+        draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, scales)
+        noise = adaptation.gradient_noise(draws, inverse_mass)
+        rounds += 1  # each client uploads its variance
+    step = kernel.step_size if kernel.step_size is not None else adaptation.step_size(stiffness, noise, b)
+    num_chains = kernel.plan.num_chains
+    kernel.network.record(np.full((1, num_chains), rounds), np.zeros((1, num_chains), dtype=bool))
+    return adaptation.Adaptation(step, inverse_mass, mode, curvature, stiffness, noise, rounds)
+
+
+def _minibatch_gradients(kernel, seed: int):
+    """``points [P, d] -> [R, P, b, d]``: every client's minibatch gradient at each point, on ``R`` fresh
+    minibatches (the same minibatch at the ``P`` points)."""
+    pot = kernel.potential
+    sampler = MinibatchSampler(
+        pot.client_indices,
+        kernel.batch_size,
+        chunk_size=NOISE_DRAWS,
+        num_chains=1,
+        rng=Randomness(seed, pot.device),
+        dtype=pot.dtype,
+    )
+    indices, weights = sampler(), sampler.datum_weights  # [R, b, n], [b, n]
+
+    def gradients(points: torch.Tensor) -> torch.Tensor:
+        p, (r, b, n) = points.shape[0], indices.shape
+        grads = pot.gradient_fn(
+            points[None, :, None, :].expand(r, p, b, -1).reshape(-1, pot.dim),
+            indices[:, None].expand(r, p, b, n).reshape(-1, n),
+            weights.repeat(r * p, 1),
+            pot.prior_weights.repeat(r * p),
+        )
+        return grads.reshape(r, p, b, pot.dim)
+
+    return gradients

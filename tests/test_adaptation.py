@@ -1,0 +1,218 @@
+"""Warm-up adaptation: each quantity against its exact value on Gaussian clients, the adapted kernels'
+exact stationary law, reproducibility, and the defaults on a posterior whose scales differ by 100x."""
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import FaldKernel, VrFaldKernel
+from pyro_fed.algorithms import adaptation
+from pyro_fed.potential import FederatedPotential
+from pyro_fed.testing import GaussianClients, fald_stationary_law, regression_clients
+
+from .models import gaussian_regression
+
+NOISE_SD = 0.5
+Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+SCALES = torch.tensor([1.0, 10.0, 0.1])  # feature scales: posterior sds 100x apart
+
+
+def anisotropic_problem(num_data=60, num_clients=3, seed=0):
+    """A conjugate regression whose posterior sds differ by 100x across coordinates (features of scales 1,
+    10 and 0.1), split into client ranges of the first feature; its exact client potentials."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_data, 3, generator=g) * SCALES
+    y = x @ torch.tensor([1.0, -0.1, 5.0]) + NOISE_SD * torch.randn(num_data, generator=g)
+    clients = torch.empty(num_data, dtype=torch.long)
+    clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
+    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / num_data)
+    return x, y, clients, exact
+
+
+def preconditioned(clients: GaussianClients, inverse_mass: torch.Tensor) -> GaussianClients:
+    """The clients in the coordinates y = x / sqrt(m), where the preconditioned step is the plain one."""
+    scales = inverse_mass.sqrt()
+    return GaussianClients(scales[:, None] * clients.precisions * scales, clients.means / scales)
+
+
+def potential_of(x, y, clients):
+    return FederatedPotential(gaussian_regression(NOISE_SD), (x, y), clients=clients, gradient_mode="traced")
+
+
+# ----------------------------------------------------------------------------------- the pure parts
+def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
+    x, y, clients, exact = anisotropic_problem()
+    pot = potential_of(x, y, clients)
+    mean, _ = exact.posterior()
+
+    def potential(point):
+        return pot.client_potentials(point).sum()
+
+    def gradient(point):
+        return pot.full_client_grads(point).sum(0)
+
+    mode, evaluations = adaptation.find_mode(potential, gradient, torch.zeros(3))
+    # L-BFGS stops within 1e-3 nats of the optimum: a distance of ~0.05 posterior sds at most
+    assert (mode - mean).abs().max() < 1e-6 and evaluations < 100
+    diagonals = adaptation.client_hessian_diagonals(pot.full_gradient_fn, mode, pot.num_clients)
+    torch.testing.assert_close(diagonals, exact.precisions.diagonal(dim1=-2, dim2=-1), rtol=1e-10, atol=0)
+    inverse_mass = adaptation.preconditioner(diagonals.sum(0))
+    stiffness = adaptation.client_stiffness(pot.full_gradient_fn, mode, inverse_mass.sqrt(), pot.num_clients)
+    expected = torch.linalg.eigvalsh(preconditioned(exact, inverse_mass).precisions).max(-1).values
+    # power iteration stops when the Rayleigh quotients move by less than 1e-3 (relative) per iteration
+    torch.testing.assert_close(stiffness, expected, rtol=1e-2, atol=0)
+
+
+def test_preconditioner_floor_step_size_and_noise_formulas():
+    inverse_mass = adaptation.preconditioner(torch.tensor([4.0, -2.0, 0.0]))
+    # |H_kk|, and a flat direction gets 1e8 times the largest curvature's inverse mass
+    torch.testing.assert_close(inverse_mass, torch.tensor([0.25, 0.5, 0.25e8]))
+    assert adaptation.step_size(stiffness=2.0, noise=0.0, num_clients=5) == pytest.approx(0.1)
+    # the noise bound 2 b nu / noise = 2 * 5 * 0.1 / 10 = 0.1 against 0.2 / 0.5 = 0.4
+    assert adaptation.step_size(stiffness=0.5, noise=10.0, num_clients=5) == pytest.approx(0.1)
+    draws = torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[-1.0, 0.0], [0.0, -2.0]]])  # [R=2, b=2, d=2]
+    # variances over R summed over clients: [2, 8]; times m = [1, 0.5]: max 4
+    assert adaptation.gradient_noise(draws, torch.tensor([1.0, 0.5])) == pytest.approx(4.0)
+
+
+# ----------------------------------------------------------------------------------- in the kernels
+def run(kernel, args, num_samples, warmup=100, num_chains=1):
+    mcmc = MCMC(
+        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
+    )
+    mcmc.run(*args)
+    return mcmc
+
+
+@pytest.mark.slow
+def test_defaults_sample_the_anisotropic_posterior_with_the_exact_law_of_the_chosen_step():
+    # MCMC(FaldKernel(model)) alone: the adapted step and preconditioner give a stationary law whose every
+    # variance is within the design's 11% of the posterior's (STEP_TARGET = 0.2: 1 / (1 - 0.2/2)), and the
+    # draws follow that law exactly (the preconditioned recursion is FALD in y = x / sqrt(m))
+    x, y, clients, exact = anisotropic_problem()
+    mean, covariance = exact.posterior()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    chains = run(kernel, (x, y), num_samples=4000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    chosen = kernel.adaptation
+    law_y = fald_stationary_law(preconditioned(exact, chosen.preconditioner), chosen.step_size, 1.0, 1.0)
+    scales = chosen.preconditioner.sqrt()
+    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
+    ratio = law_cov.diagonal() / covariance.diagonal()
+    assert (ratio >= 1).all() and (ratio <= 1 / (1 - adaptation.STEP_TARGET / 2) + 1e-9).all(), ratio
+    torch.testing.assert_close(law_mean, mean, rtol=0, atol=1e-9 * float(covariance.diagonal().sqrt().min()))
+    # four independent chains: standard errors of the exact law divided by 2
+    draws_mean = chains.mean(1).mean(0)
+    draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
+    mean_tol = Z * scales * law_y.mean_standard_error(4000) / 2
+    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(4000) * scales / 2
+    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
+    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
+    # the isotropic step of the same stability cannot do it: its slowest direction decorrelates 1e4x slower
+    assert float(chosen.preconditioner.max() / chosen.preconditioner.min()) > 1e3
+
+
+@pytest.mark.slow
+def test_preconditioned_fald_with_local_steps_has_the_exact_law():
+    # a user's preconditioner and step, clients averaging with probability 0.2 (a random recursion with two
+    # outcomes): the mean of the draws against the exact stationary mean, with its exact standard error
+    x, y, clients, exact = anisotropic_problem()
+    inverse_mass = 1.0 / exact.precisions.sum(0).diagonal()
+    step = 0.6
+    kernel = FaldKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        step_size=step,
+        preconditioner=inverse_mass,
+        comm_prob=0.2,
+        gradient_mode="traced",
+    )
+    pyro.set_rng_seed(1)
+    draws = run(kernel, (x, y), num_samples=8000).get_samples()["w"]
+    law_y = fald_stationary_law(preconditioned(exact, inverse_mass), step, 0.2, 1.0)
+    scales = inverse_mass.sqrt()
+    law_mean = scales * law_y.mean
+    tol = Z * scales * law_y.mean_standard_error(8000)
+    assert ((draws.mean(0) - law_mean).abs() <= tol).all(), (draws.mean(0), law_mean, tol)
+    # with local steps the law is biased (8 standard errors here): the test can tell the two laws apart
+    posterior_mean, _ = exact.posterior()
+    assert ((law_mean - posterior_mean).abs() > tol).any()
+    assert kernel.adaptation is None  # everything was given: nothing adapted
+
+
+@pytest.mark.parametrize("kernel_type, batch_size", [(FaldKernel, None), (VrFaldKernel, 5)])
+def test_adaptation_is_reproducible_and_the_same_with_one_or_several_chains(kernel_type, batch_size):
+    x, y, clients, _ = anisotropic_problem()
+    chosen = []
+    for num_chains, seed in ((1, 0), (3, 0), (1, 0), (1, 1)):
+        kernel = kernel_type(gaussian_regression(NOISE_SD), clients, batch_size=batch_size)
+        pyro.set_rng_seed(seed)
+        run(kernel, (x, y), num_samples=2, warmup=0, num_chains=num_chains)
+        chosen.append(kernel.adaptation)
+    first, several, again, other_seed = chosen
+    for other in (several, again):
+        assert other.step_size == first.step_size
+        assert torch.equal(other.preconditioner, first.preconditioner)
+    if batch_size is None:  # no randomness at all: the seed does not matter
+        assert other_seed.step_size == first.step_size
+    else:  # the noise is measured on seeded minibatches; the choice is stable across seeds
+        assert first.noise > 0 and other_seed.step_size == pytest.approx(first.step_size, rel=0.5)
+
+
+def test_chosen_values_are_reported_and_the_user_overrides_them():
+    x, y, clients, exact = anisotropic_problem()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
+    mcmc = run(kernel, (x, y), num_samples=4, warmup=0)
+    chosen = kernel.adaptation
+    assert kernel.current_step_size == chosen.step_size
+    assert mcmc.diagnostics()["step size"] == {"chain 0": chosen.step_size}
+    np.testing.assert_array_equal(mcmc.diagnostics()["preconditioner"]["chain 0"], chosen.preconditioner)
+    assert kernel.logging()["step"] == f"{chosen.step_size:.3g}"
+    # the mode search, the curvature and nothing else (full batches) cost uploads before the first draw
+    assert chosen.rounds >= 2 and kernel.diagnostics()["uploaded bits"] >= chosen.rounds * 3 * 32 * 3
+    # a given step keeps its meaning (no preconditioner): nothing adapted
+    given = FaldKernel(gaussian_regression(NOISE_SD), clients, step_size=1e-3, gradient_mode="traced")
+    run(given, (x, y), num_samples=2, warmup=0)
+    assert given.adaptation is None and given.current_step_size == 1e-3
+    # a given step with an adapted preconditioner
+    both = FaldKernel(
+        gaussian_regression(NOISE_SD), clients, step_size=0.5, preconditioner="adapt", gradient_mode="traced"
+    )
+    run(both, (x, y), num_samples=2, warmup=0)
+    assert both.adaptation.step_size == 0.5
+    torch.testing.assert_close(both.adaptation.preconditioner, 1 / exact.precisions.sum(0).diagonal())
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("auto", "preconditioner must be None"),
+        (torch.tensor([1.0, -1.0, 1.0]), "positive finite numbers"),
+        (torch.ones(2, 3), "preconditioner must be None"),
+    ],
+)
+def test_bad_preconditioner(value, match):
+    with pytest.raises(ValueError, match=match):
+        FaldKernel(gaussian_regression(NOISE_SD), preconditioner=value)
+
+
+def test_preconditioner_of_the_wrong_length_is_refused_at_setup():
+    x, y, clients, _ = anisotropic_problem()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, preconditioner=torch.ones(2))
+    with pytest.raises(ValueError, match=r"preconditioner has shape \(2,\); the model has 3 unconstrained"):
+        run(kernel, (x, y), num_samples=2, warmup=0)
+
+
+def test_the_model_alone_runs():
+    # no clients, no step size: 10 i.i.d. clients, the chains start at draws of the Laplace approximation
+    x, y, _, exact = anisotropic_problem()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), gradient_mode="traced")
+    mcmc = run(kernel, (x, y), num_samples=50, warmup=20, num_chains=2)
+    assert kernel.potential.num_clients == 10
+    mean, covariance = exact.posterior()
+    draws = mcmc.get_samples()["w"]
+    # every draw is within 6 posterior sds of the posterior mean (no chain starts far and crawls in)
+    assert ((draws - mean).abs() <= 6 * covariance.diagonal().sqrt()).all()
+    assert mcmc.diagnostics()["divergences"] == {"chain 0": [], "chain 1": []}
