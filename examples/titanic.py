@@ -47,7 +47,6 @@ NUM_CLIENTS = 10
 DIRICHLET_ALPHA = 0.5  # label skew of the split: small alpha, very different clients
 BATCH_SIZE = 64  # minibatch per client and iteration
 COMM_PROB = 0.5  # an averaging round every 2 iterations on average
-STEP_FRACTION = 0.1  # c in h = c / L below: see fald_step_size
 NUM_CHAINS = 2
 FEATURES = list(pyro_fed.datasets.feature_names)  # intercept, class, sex, age
 
@@ -86,46 +85,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def fald_step_size(x: torch.Tensor, num_clients: int, fraction: float) -> tuple[float, float]:
-    """FALD's step size ``gamma`` from a stable centralised Langevin step ``h``; returns ``(gamma, L)``.
-
-    Why ``gamma = b * h``: once the server has averaged, the client average moves by
-    ``-(gamma/b) * sum_i grad U^i + sqrt(2 gamma / b) * noise``, i.e. one Langevin step of size ``gamma/b``
-    on the full potential ``U = sum_i U^i``. So we choose a good step ``h`` for centralised Langevin on
-    ``U`` and set ``gamma = b * h``.
-
-    Why ``h = c / L``: Langevin is stable for ``h < 2 / L``, with ``L`` the largest eigenvalue of the Hessian
-    of ``U``. For logistic regression with a N(0, I) prior that Hessian is
-    ``I + X^T diag(p (1 - p)) X``, and ``p (1 - p) <= 1/4``, so ``L <= lambda_max(X^T X) / 4 + 1``, a bound
-    we can compute from the data before sampling (here about 781; at the posterior mode it is about 545).
-    The fraction ``c`` trades accuracy against mixing speed:
-
-    - the discretisation inflates the posterior variance along a direction of curvature ``lambda`` by a
-      factor of about ``1 / (1 - h lambda / 2)``: at most ~5% for ``c = 0.1``; minibatch gradients add
-      a little more;
-    - between averaging rounds (``1 / comm_prob`` iterations on average) each client drifts toward its
-      own local posterior, which shifts the mean by an amount growing like ``gamma / comm_prob`` (the
-      intercept moves most: the clients' survival rates differ wildly; ``pyro_fed.VrFaldKernel`` removes
-      this drift with control variates);
-    - the chain forgets its past only after about ``2 / (h m)`` iterations, ``m`` the smallest curvature
-      (about 280 here): ~55 iterations for ``c = 0.1``, so 8000 draws give an effective sample size of
-      roughly 150 per chain.
-
-    Halving ``c`` roughly halves both the drift and the effective sample size. ``c = 0.1`` keeps the
-    means within a fraction of a posterior sd of NUTS's; in our trial runs ``c = 0.4`` mixed 4 times
-    faster but moved the intercept by about half a posterior sd.
-    """
-    gram = x.double().T @ x.double()
-    lipschitz = float(torch.linalg.eigvalsh(gram).max()) / 4 + 1.0
-    centralised_step = fraction / lipschitz
-    return num_clients * centralised_step, lipschitz
-
-
-def fald_kernel(clients, step_size: float) -> pyro_fed.FaldKernel:
+def fald_kernel(clients) -> pyro_fed.FaldKernel:
+    """FALD with the step size and preconditioner chosen automatically before the chains start, from
+    what the clients can compute (the mode by L-BFGS, each client's curvature there, the minibatch noise):
+    see ``pyro_fed.algorithms.adaptation``. No pooled data is needed to set it."""
     return pyro_fed.FaldKernel(
         model,
         clients,
-        step_size=step_size,
         comm_prob=COMM_PROB,
         # all clients share one Gaussian noise, so they spread apart only through their gradients (the
         # client average receives the same noise whatever noise_corr is)
@@ -135,8 +101,8 @@ def fald_kernel(clients, step_size: float) -> pyro_fed.FaldKernel:
 
 
 def run(kernel, x, y, num_samples: int, args) -> tuple[MCMC, float]:
-    """Run ``NUM_CHAINS`` chains of ``kernel``; for FALD, which adapts nothing, "warm-up" is burn-in: the
-    iterations that bring the chain from the prior median (w = 0) to the posterior."""
+    """Run ``NUM_CHAINS`` chains of ``kernel`` (FALD's start at independent draws of the Laplace
+    approximation its adaptation found, so its warm-up is a short burn-in)."""
     mcmc = MCMC(
         kernel,
         num_samples=num_samples,
@@ -225,15 +191,15 @@ NUTS wall time: {times["nuts"]:.1f} s (sampling)
 """
 
 
-def describe_setup(x, y, clients, step_size: float, lipschitz: float, args) -> str:
+def describe_setup(x, y, clients, args) -> str:
     sizes = torch.bincount(clients, minlength=NUM_CLIENTS)
     survival = torch.bincount(clients, weights=y.double(), minlength=NUM_CLIENTS) / sizes
     return (
         f"Data: {len(y)} people, {x.shape[1]} weights ({', '.join(FEATURES)}), prior N(0, 1).\n"
         f"Clients: {NUM_CLIENTS}, Dirichlet(alpha={DIRICHLET_ALPHA}) label skew; sizes {sizes.tolist()},\n"
         f"  survival rates {[round(r, 2) for r in survival.tolist()]} (pooled: {y.mean():.2f}).\n"
-        f"FALD: step_size = b * c / L = {NUM_CLIENTS} * {STEP_FRACTION} / {lipschitz:.0f} = {step_size:.3g}, "
-        f"comm_prob = {COMM_PROB}, batch_size = {BATCH_SIZE}, noise_corr = 1.\n"
+        f"FALD: comm_prob = {COMM_PROB}, batch_size = {BATCH_SIZE}, noise_corr = 1, step size and "
+        "preconditioner automatic.\n"
         f"Chains: {NUM_CHAINS} per sampler, {args.warmup} warm-up iterations each, then "
         f"{args.num_samples} FALD / {args.nuts_samples} NUTS draws each."
     )
@@ -243,12 +209,14 @@ def run_demo(args) -> dict:
     pyro.set_rng_seed(0)
     x, y = pyro_fed.datasets.titanic()  # x: [2201, 4], first column the intercept; y: survived (0/1)
     clients = pyro_fed.partition.dirichlet(y, num_clients=NUM_CLIENTS, alpha=DIRICHLET_ALPHA, seed=0)
-    step_size, lipschitz = fald_step_size(x, NUM_CLIENTS, STEP_FRACTION)
-    setup = describe_setup(x, y, clients, step_size, lipschitz, args)
+    setup = describe_setup(x, y, clients, args)
     print(setup, flush=True)
 
     print("\nRunning FALD (federated, 10 clients) ...", flush=True)
-    fald_mcmc, fald_time = run(fald_kernel(clients, step_size), x, y, args.num_samples, args)
+    kernel = fald_kernel(clients)
+    fald_mcmc, fald_time = run(kernel, x, y, args.num_samples, args)
+    setup += f"\nFALD's automatic step size: {kernel.current_step_size:.3g}."
+    print(f"FALD's automatic step size: {kernel.current_step_size:.3g}", flush=True)
     start = time.perf_counter()
     fald = pyro_fed.to_inference_data(
         fald_mcmc, log_likelihood=True, posterior_predictive=True, coords=COORDS, dims=DIMS

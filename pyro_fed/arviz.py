@@ -57,7 +57,9 @@ def to_inference_data(
       ``refreshed``);
     - ``log_likelihood``: pointwise, ``chain × draw ×`` the observed site's batch shape (``× N`` for one
       datum per plate entry), the plain ``log_prob`` as :func:`arviz.from_pyro` gives it, for
-      ``az.loo``/``az.waic``;
+      ``az.loo``/``az.waic``; the data an ``obs_mask`` marks missing are left out of this group, of
+      ``observed_data`` and of ``posterior_predictive``, and the others are indexed by their position in
+      the data (a dimension ``{site}_{plate}``);
     - ``observed_data``: the observed sites of the plate;
     - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
 
@@ -89,12 +91,30 @@ def to_inference_data(
             potential.posterior_predictive(flat_draws, chunk_size), num_chains
         )
     # the plate's axis in each observed site (not always the leftmost); axes before it get ArviZ-style names
-    data_dims = {}
+    data_dims, coords = {}, dict(coords or {})
     for name in potential.likelihood_sites:
         axis = potential.sites.plate_axis(name)
-        if axis is not None:
-            data_dims[name] = [f"{name}_dim_{i}" for i in range(axis)] + [potential.plate]
+        if axis is None:
+            continue
+        plate = potential.plate
+        mask = potential.sites.observed_mask(name)
+        if mask is not None:
+            # masked data (obs_mask) are not observations: left out of every group, the others keep their
+            # positions in the data as the coordinate of their own dimension
+            plate = f"{name}_{potential.plate}"
+            coords[plate] = np.flatnonzero(mask.cpu().numpy())
+            _keep(groups, name, mask.cpu().numpy(), axis)
+        data_dims[name] = [f"{name}_dim_{i}" for i in range(axis)] + [plate]
     data_dims.update(dims or {})
     if _ARVIZ_1:
         return az.from_dict(groups, coords=coords, dims=data_dims)
     return az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))
+
+
+def _keep(groups: dict, name: str, mask: np.ndarray, axis: int) -> None:
+    """Keep the observed entries of site ``name`` along its plate ``axis`` in every group holding it (after
+    the chain and draw dimensions where the group has them)."""
+    for group, values in groups.items():
+        if name in values:
+            offset = 0 if group == "observed_data" else 2
+            values[name] = np.compress(mask, values[name], axis=offset + axis)

@@ -47,18 +47,19 @@ def titanic(dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tenso
 
     :param torch.dtype dtype: floating point type of ``x`` and ``y`` (default: torch's default dtype, the
         dtype of a prior such as ``dist.Normal(0.0, 1.0)``).
-    :returns: ``(x, y)`` of shapes ``[2201, 4]`` and ``[2201]``.
+    :returns: ``(x, y)`` of shapes ``[2201, 4]`` and ``[2201]``, on torch's default device.
     :rtype: tuple[torch.Tensor, torch.Tensor]
     """
-    survived, age, sex, class_ = (
-        grid.flatten().repeat_interleave(_TITANIC_COUNTS.flatten())
-        for grid in torch.meshgrid(*(torch.arange(n) for n in _TITANIC_COUNTS.shape), indexing="ij")
-    )
-    dtype = dtype or torch.get_default_dtype()
-    features = torch.stack([class_, 1 - sex, age], dim=-1).to(dtype)
-    features = (features - features.mean(0)) / features.std(0, correction=0)
-    x = torch.cat([torch.ones(len(features), 1, dtype=dtype), features], dim=-1)
-    return x, survived.to(dtype)
+    device, dtype = torch.get_default_device(), dtype or torch.get_default_dtype()
+    with torch.device("cpu"):  # built from the table on the host, then placed like any new tensor
+        survived, age, sex, class_ = (
+            grid.flatten().repeat_interleave(_TITANIC_COUNTS.flatten())
+            for grid in torch.meshgrid(*(torch.arange(n) for n in _TITANIC_COUNTS.shape), indexing="ij")
+        )
+        features = torch.stack([class_, 1 - sex, age], dim=-1).to(dtype)
+        features = (features - features.mean(0)) / features.std(0, correction=0)
+        x = torch.cat([torch.ones(len(features), 1, dtype=dtype), features], dim=-1)
+    return x.to(device), survived.to(device, dtype)
 
 
 def titanic_split(
@@ -77,6 +78,6 @@ def titanic_split(
     x, y = titanic(dtype)
     if not 1 <= test_size < len(y):
         raise ValueError(f"test_size must be in 1..{len(y) - 1}, got {test_size}")
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed), device="cpu").to(y.device)
     test, train = perm[:test_size], perm[test_size:]
     return x[train], y[train], x[test], y[test]

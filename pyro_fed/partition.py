@@ -12,12 +12,27 @@ Random generators are deterministic for a given ``seed`` and never touch the glo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 
+def _on_host(function: Callable) -> Callable:
+    """Run ``function`` with the CPU as default device: client assignments are host-side index tensors
+    made with seeded CPU generators, which fail on tensors that ``torch.set_default_device("cuda")`` would
+    otherwise put on the GPU."""
+
+    @functools.wraps(function)
+    def on_host(*args, **kwargs):
+        with torch.device("cpu"):
+            return function(*args, **kwargs)
+
+    return on_host
+
+
+@_on_host
 def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
     """
     Splits ``num_data`` points uniformly at random into ``num_clients`` parts of nearly equal size (sizes
@@ -38,6 +53,7 @@ def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
     return clients
 
 
+@_on_host
 def dirichlet(labels, num_clients: int, alpha: float, seed: int = 0) -> torch.LongTensor:
     r"""
     Label-skewed split: for each label :math:`c`, draws client proportions
@@ -75,6 +91,7 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int = 0) -> torch.Lo
     return _fill_empty_clients(clients, num_clients)
 
 
+@_on_host
 def shards(labels, num_clients: int, major: float = 0.8, seed: int = 0) -> torch.LongTensor:
     """
     The label-skewed split of the federated Langevin papers: with ``C`` distinct labels, a fraction
@@ -119,6 +136,7 @@ def shards(labels, num_clients: int, major: float = 0.8, seed: int = 0) -> torch
     return _fill_empty_clients(clients, num_clients)
 
 
+@_on_host
 def by_group(groups) -> torch.LongTensor:
     """
     One client per distinct group label (e.g. a hospital or site column): the distinct values of ``groups``,

@@ -168,9 +168,26 @@ class ModelSites:
 
     def draw_initial_trace(self) -> Trace:
         """A fresh run of the model with its latent values drawn by the init strategy."""
-        return poutine.trace(InitMessenger(self.init_strategy)(self.model)).get_trace(
-            *self.model_args, **self.model_kwargs
-        )
+        tracer = poutine.trace(InitMessenger(self.init_strategy)(self.model))
+        try:
+            return tracer.get_trace(*self.model_args, **self.model_kwargs)
+        except Exception as error:
+            # a PyroModule's weights first read inside a plate get its batch shape: the model then fails
+            # in its own layers; say why, with the fix
+            inside = [
+                name
+                for name, site in tracer.msngr.trace.nodes.items()
+                if site["type"] == "sample" and not site["is_observed"] and site["cond_indep_stack"]
+            ]
+            if any("." in name for name in inside):
+                site_plate = next(
+                    f.name for n in inside for f in tracer.msngr.trace.nodes[n]["cond_indep_stack"]
+                )
+                raise ValueError(
+                    f"The model failed ({type(error).__name__}: {error}) after sampling {inside} inside the "
+                    f"plate {site_plate!r}." + _module_hint(site_plate)
+                ) from error
+            raise
 
     def _classify(self, trace: Trace) -> None:
         self.latent_names: list[str] = []
@@ -197,6 +214,7 @@ class ModelSites:
                 raise ValueError(
                     f"Site {name!r} is a latent variable inside the data plate {self.plate!r}: pyro_fed "
                     "samples global parameters only. Move it out of the plate, or marginalise it."
+                    + (_module_hint(self.plate) if "." in name else "")
                 )
             if site["fn"].support.is_discrete or site["infer"].get("enumerate"):
                 raise ValueError(
@@ -259,6 +277,19 @@ class ModelSites:
         axis = node["value"].dim() - len(node["fn"].event_shape) + self.plate_dim
         return axis if axis >= 0 and node["value"].shape[axis] == self.num_data else None
 
+    def observed_mask(self, name: str) -> torch.Tensor | None:
+        """For a likelihood site masked along the data plate only (``obs_mask``, ``poutine.mask`` with a
+        per-datum mask): which of the ``N`` data it observes, ``[N]`` bool; ``None`` when nothing is masked
+        or the mask varies within a datum."""
+        node, axis = self.initial_trace.nodes[name], self.plate_axis(name)
+        mask = node["mask"]
+        if not isinstance(mask, torch.Tensor) or axis is None:
+            return None
+        mask = mask.expand(node["fn"].batch_shape).movedim(self.plate_dim, 0).reshape(self.num_data, -1)
+        if not bool((mask == mask[:, :1]).all()) or bool(mask.all()):
+            return None
+        return mask[:, 0]
+
     def pointwise_log_prob(self, trace: Trace, name: str) -> torch.Tensor:
         """The plain ``log_prob`` of the likelihood site ``name`` (masked entries 0, no ``poutine.scale``
         factor), in the layout of the site's batch shape: ArviZ's convention for the log-likelihood."""
@@ -275,3 +306,11 @@ class ModelSites:
         lp = _log_density(node, num_indices / self.num_data)
         lp = lp.expand(node["fn"].batch_shape).movedim(self.plate_dim, 0)
         return lp.reshape(num_indices, -1).sum(-1)
+
+
+def _module_hint(plate: str) -> str:
+    return (
+        " A PyroModule samples a PyroSample weight where it is first read: read the weights before the "
+        "plate, e.g. `weights = (self.linear.weight, self.linear.bias)` on the line before "
+        f"`with pyro.plate({plate!r}, N):` (later reads in the plate reuse them)."
+    )

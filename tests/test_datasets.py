@@ -94,3 +94,12 @@ def test_titanic_split_leaves_global_rng_untouched():
 def test_titanic_split_rejects_bad_test_size(test_size):
     with pytest.raises(ValueError, match=rf"test_size must be in 1\.\.2200, got {test_size}"):
         datasets.titanic_split(test_size=test_size)
+
+
+def test_titanic_follows_the_default_device():
+    # built on the host, placed on the default device like any new tensor ("meta" stands in for a GPU)
+    with torch.device("meta"):
+        x, y = datasets.titanic()
+        x_train, _, x_test, _ = datasets.titanic_split()
+    assert x.device.type == "meta" and x.shape == (2201, 4) and y.shape == (2201,)
+    assert x_train.device.type == "meta" and x_test.shape == (441, 4)

@@ -219,3 +219,15 @@ def test_to_index_lists_errors(clients, num_data, match):
 def test_argument_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_assignments_under_another_default_device():
+    # torch.set_default_device("cuda") is how users put a Pyro model on the GPU: the seeded host generators
+    # of the partitions must still get host tensors. The "meta" device stands in for a GPU here: the
+    # assignments are the same host tensors as with the CPU as default device.
+    labels = torch.arange(40) % 4
+    expected = (partition.iid(40, 4), partition.dirichlet(labels, 4, 0.5), partition.shards(labels, 4))
+    with torch.device("meta"):
+        found = (partition.iid(40, 4), partition.dirichlet(labels, 4, 0.5), partition.shards(labels, 4))
+    for ids, same in zip(found, expected, strict=True):
+        assert ids.device.type == "cpu" and torch.equal(ids, same)

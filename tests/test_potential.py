@@ -1,12 +1,14 @@
 import itertools
 import warnings
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
 from pyro.infer.mcmc.util import initialize_model
+from pyro.nn import PyroModule, PyroSample
 
 from pyro_fed import FaldKernel, to_inference_data
 from pyro_fed.potential import FederatedPotential
@@ -346,8 +348,16 @@ def test_missing_data_of_obs_mask_sites_are_integrated_out():
         disable_progbar=True,
     )
     mcmc.run(x, holes, observed)
-    idata = to_inference_data(mcmc)
-    assert idata.log_likelihood["y_observed"].shape == (1, 10, 30)
+    idata = to_inference_data(mcmc, posterior_predictive=True)
+    # the missing data are not observations: left out of the log-likelihood (and the other data groups),
+    # the observed ones indexed by their position in the data
+    assert idata.log_likelihood["y_observed"].shape == (1, 10, 20)
+    np.testing.assert_array_equal(idata.log_likelihood["y_observed_data"].values, np.flatnonzero(observed))
+    np.testing.assert_array_equal(idata.observed_data["y_observed"].values, y[observed].numpy())
+    assert idata.posterior_predictive["y_observed"].shape == (1, 10, 20)
+    w = torch.as_tensor(idata.posterior["w"].values[0, -1])
+    expected = dist.Normal(x[observed] @ w, 0.5).log_prob(y[observed])
+    np.testing.assert_allclose(idata.log_likelihood["y_observed"].values[0, -1], expected.numpy(), rtol=1e-10)
     # NaN placeholders are masked in the potential but not in its gradient (where(mask, NaN, 0)' = NaN),
     # as in Pyro itself: refused at set-up rather than sampled with NaN gradients
     nan_holes = torch.where(observed, y, torch.tensor(float("nan")))
@@ -370,3 +380,29 @@ def test_failed_compilation_is_not_retried(monkeypatch):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="pyro_fed could not prepare")
         torch.testing.assert_close(pot.full_client_grads(point), first)
+
+
+def test_pyro_module_weights_first_read_inside_the_plate_get_the_fix():
+    # a PyroModule samples its PyroSample weights where they are first read: inside the data plate they
+    # would be per-datum latents. The error says how to read them before the plate.
+    class Linear(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = PyroModule[torch.nn.Linear](3, 1)
+            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 3]).to_event(2))
+            self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+        def forward(self, x, y):
+            with pyro.plate("data", x.shape[0]) as idx:
+                pyro.sample("y", dist.Normal(self.linear(x[idx])[:, 0], 0.5), obs=y[idx])
+
+    class Fixed(Linear):
+        def forward(self, x, y):
+            weights = (self.linear.weight, self.linear.bias)  # noqa: F841 - sampled here, reused below
+            super().forward(x, y)
+
+    x, y = regression_data(20)
+    with pytest.raises(ValueError, match=r"read the weights before the plate, e.g. `weights = \("):
+        FederatedPotential(Linear(), (x, y), clients=2)
+    pot = FederatedPotential(Fixed(), (x, y), clients=2, gradient_mode="eager")
+    assert [s.name for s in pot.latent_sites] == ["linear.weight", "linear.bias"]

@@ -25,6 +25,10 @@ class FaldKernel(FederatedKernel):
         X^i_{k+1} = \tfrac1b \textstyle\sum_l \tilde X^l_{k+1} \text{ if } B_{k+1} = 1
         \text{ else } \tilde X^i_{k+1}, \qquad B_{k+1} \sim \mathrm{Ber}(p_c).
 
+    With an inverse mass :math:`m` (``preconditioner``, adapted by default), the local step is
+    :math:`X^i_k - \gamma\, m \odot \hat\nabla U^i + \sqrt{2\gamma m} \odot Z^i_{k+1}`: FALD in the
+    coordinates :math:`x / \sqrt m` (see :mod:`pyro_fed.algorithms.adaptation`).
+
     Each :meth:`sample` call returns the client average :math:`\bar X_k` after one iteration (``thinning``
     iterations with ``thinning > 1``); the iterations run a chunk at a time (see
     :class:`~pyro_fed.FederatedKernel`), and ``MCMC(kernel, num_chains=C)`` runs ``C`` chains as one batch. At
@@ -61,9 +65,9 @@ class FaldKernel(FederatedKernel):
 
     Example:
 
-        >>> kernel = FaldKernel(model, clients, step_size=1e-3, batch_size=32)  # doctest: +SKIP
-        >>> mcmc = MCMC(kernel, num_samples=2000, warmup_steps=500)  # doctest: +SKIP
-        >>> mcmc.run(x, y)  # doctest: +SKIP
+        >>> mcmc = MCMC(FaldKernel(model), num_samples=2000, warmup_steps=200)  # doctest: +SKIP
+        >>> mcmc.run(x, y)  # 10 i.i.d. clients, step size and preconditioner chosen  # doctest: +SKIP
+        >>> kernel = FaldKernel(model, clients, comm_prob=0.2, batch_size=32)  # doctest: +SKIP
     """
 
     def __init__(

@@ -1,0 +1,356 @@
+r"""``MCMC(FaldKernel(model))`` with every default, against NUTS on the pooled data, on models written the
+way Pyro users write them.
+
+What is measured
+----------------
+Seven models, each with its data made here from a fixed seed (Titanic: the table shipped with the package):
+
+- ``regression``: linear regression, 4 standardised features, a ``HalfNormal`` noise scale (``N = 1000``);
+- ``poisson``: a Poisson GLM with a log link, 3 features (``N = 1000``);
+- ``student_t``: a Student-t likelihood whose degrees of freedom are learned (``Gamma(2, 0.1)`` prior),
+  with its scale, on heavy-tailed data (``N = 1000``): the posterior's curvatures span two orders;
+- ``bnn``: a ``PyroModule`` network, one input, 3 ``tanh`` units, a learned noise scale (``N = 200``);
+  its weights are not identifiable (the units can be permuted and their signs flipped), so what is
+  compared is the regression function :math:`f(x)` at 8 inputs, the noise scale, and nothing else;
+- ``mvn_lkj``: a 3-dimensional normal with unknown mean, ``HalfNormal`` scales and an ``LKJCholesky(3, 2)``
+  correlation prior (``N = 500``); compared on the mean, the scales and the three free entries of the
+  Cholesky factor;
+- ``titanic``: the README's logistic regression on the Titanic table (2201 people);
+- ``scales_100x``: a linear regression whose features have scales 1, 10 and 0.1, so that its posterior
+  sds differ by 100x (``N = 500``, known noise).
+
+For each model, Pyro's NUTS on the pooled data (one chain, 500 warm-up + 1000 draws; on ``bnn`` with
+``max_tree_depth=6``, as its default depth of 10 costs about a second per draw) is the reference, and
+``MCMC(FaldKernel(model), num_samples=5000, warmup_steps=500, num_chains=2)`` — no clients (10 i.i.d.), no
+step size, no preconditioner given — is compared with it, per compared quantity :math:`j`:
+
+- ``mean err`` = :math:`\max_j |\hat\mu_j - \mu^{NUTS}_j| / \sigma^{NUTS}_j` (target ≤ 0.2);
+- ``sd err`` = :math:`\max_j |\hat\sigma_j / \sigma^{NUTS}_j - 1|` (target ≤ 0.15);
+- ``ESS/s``: the min over quantities of ArviZ's bulk ESS, divided by the wall time of ``mcmc.run``
+  (warm-up, adaptation, tracing and compilation included; all chains of the run pooled).
+
+Both errors include the Monte Carlo error of both runs (the table prints both ESS: with ESS :math:`E`, a
+mean has standard error :math:`\sigma/\sqrt E` and an sd about :math:`1/\sqrt{2E}` relative), so a run
+passes only with enough effective draws. On ``scales_100x`` the same FALD with the best *isotropic* step
+of the same stability (:math:`\gamma = 0.2\, b / \lambda_{\max}(\nabla^2 U)`, no preconditioner, the pooled
+Hessian used to set it) is run too: its widest coordinate moves 10^4 times slower.
+
+Run::
+
+    python benchmarks/defaults.py            # all models (about 6 minutes on 2 CPU cores)
+    python benchmarks/defaults.py --quick    # fewer draws, a smoke run (about a minute)
+
+Results: ``benchmarks/results/defaults{,_quick}.{md,json}`` (``--out`` changes the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import MCMC, NUTS
+from pyro.nn import PyroModule, PyroSample
+
+import pyro_fed
+from pyro_fed import FaldKernel
+
+MEAN_TARGET, SD_TARGET = 0.2, 0.15
+
+
+# ---------------------------------------------------------------------------------------------- models
+def regression(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, sigma), obs=y[idx])
+
+
+def poisson(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Poisson(rate=(x[idx] @ w).exp()), obs=y[idx])
+
+
+def student_t(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    nu = pyro.sample("nu", dist.Gamma(2.0, 0.1))
+    scale = pyro.sample("scale", dist.HalfNormal(1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.StudentT(nu, x[idx] @ w, scale), obs=y[idx])
+
+
+class Network(PyroModule):
+    """One input, ``HIDDEN`` tanh units, one output; standard normal priors on every weight."""
+
+    HIDDEN = 3
+
+    def __init__(self):
+        super().__init__()
+        h = self.HIDDEN
+        self.hidden = PyroModule[torch.nn.Linear](1, h)
+        self.hidden.weight = PyroSample(dist.Normal(0.0, 1.0).expand([h, 1]).to_event(2))
+        self.hidden.bias = PyroSample(dist.Normal(0.0, 1.0).expand([h]).to_event(1))
+        self.output = PyroModule[torch.nn.Linear](h, 1)
+        self.output.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, h]).to_event(2))
+        self.output.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y):
+        # the weights are sampled before the data plate (read once per evaluation, not per datum)
+        weights = (self.hidden.weight, self.hidden.bias, self.output.weight, self.output.bias)
+        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.sample("y", dist.Normal(regression_function(x[idx], *weights), sigma), obs=y[idx])
+
+
+def regression_function(x, w1, b1, w2, b2):
+    """The network's output at inputs ``x [n, 1]`` (for any leading batch of weights)."""
+    hidden = torch.tanh(x[..., None, :, :] @ w1.transpose(-1, -2) + b1[..., None, :])
+    return (hidden @ w2.transpose(-1, -2) + b2[..., None, :])[..., 0]
+
+
+def mvn_lkj(y):
+    dim = y.shape[1]
+    mean = pyro.sample("mean", dist.Normal(0.0, 5.0).expand([dim]).to_event(1))
+    scales = pyro.sample("scales", dist.HalfNormal(2.0).expand([dim]).to_event(1))
+    cholesky = pyro.sample("cholesky", dist.LKJCholesky(dim, 2.0))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.MultivariateNormal(mean, scale_tril=scales[:, None] * cholesky), obs=y[idx])
+
+
+def logistic(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample(
+            "y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0)
+        )
+
+
+def known_noise_regression(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, 0.5), obs=y[idx])
+
+
+BNN_GRID = torch.linspace(-2.5, 2.5, 8)
+
+
+def bnn_quantities(samples: dict) -> dict:
+    """The identifiable quantities of the network: :math:`f` at ``BNN_GRID`` and the noise scale."""
+    weights = [samples[f"{layer}.{kind}"] for layer in ("hidden", "output") for kind in ("weight", "bias")]
+    f = regression_function(BNN_GRID.to(weights[0])[:, None], *weights)
+    return {"f": f, "sigma": samples["sigma"]}
+
+
+def lkj_quantities(samples: dict) -> dict:
+    rows, cols = torch.tril_indices(3, 3, offset=-1)
+    return {
+        "mean": samples["mean"],
+        "scales": samples["scales"],
+        "cholesky": samples["cholesky"][:, rows, cols],
+    }
+
+
+def make_problems() -> dict:
+    g = torch.Generator().manual_seed(0)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=g)
+
+    problems = {}
+    x = normal(1000, 4)
+    problems["regression"] = (
+        regression,
+        (x, x @ torch.tensor([0.5, -1.0, 0.0, 2.0]) + 0.7 * normal(1000)),
+        None,
+    )
+    x = torch.cat([torch.ones(1000, 1), 0.5 * normal(1000, 2)], 1)
+    problems["poisson"] = (
+        poisson,
+        (x, torch.poisson((x @ torch.tensor([1.0, 0.5, -0.3])).exp(), generator=g)),
+        None,
+    )
+    x = torch.cat([torch.ones(1000, 1), normal(1000, 2)], 1)
+    noise = dist.StudentT(4.0).sample((1000,))
+    problems["student_t"] = (student_t, (x, x @ torch.tensor([0.3, 1.0, -0.5]) + 0.5 * noise), None)
+    x = 2.0 * torch.rand(200, 1, generator=g) - 1.0
+    y = torch.sin(2.0 * x[:, 0]) + 0.2 * normal(200)
+    problems["bnn"] = (Network(), (x * 2.0, y), bnn_quantities)
+    correlation = torch.tensor([[1.0, 0.6, -0.3], [0.6, 1.0, 0.2], [-0.3, 0.2, 1.0]])
+    scale_tril = torch.linalg.cholesky(correlation) * torch.tensor([1.0, 2.0, 0.5])[:, None]
+    problems["mvn_lkj"] = (
+        mvn_lkj,
+        (torch.tensor([1.0, -2.0, 0.5]) + normal(500, 3) @ scale_tril.T,),
+        lkj_quantities,
+    )
+    problems["titanic"] = (logistic, pyro_fed.datasets.titanic(), None)
+    x = normal(500, 3) * torch.tensor([1.0, 10.0, 0.1])
+    problems["scales_100x"] = (
+        known_noise_regression,
+        (x, x @ torch.tensor([1.0, -0.1, 5.0]) + 0.5 * normal(500)),
+        None,
+    )
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ measuring
+def quantities(mcmc: MCMC, select) -> dict[str, np.ndarray]:
+    """``{name: [chains, draws, k]}`` of the compared quantities (sites with zero spread, such as the
+    Cholesky factor's fixed entries, are left out by ``select``)."""
+    samples = mcmc.get_samples(group_by_chain=True)
+    chains = next(iter(samples.values())).shape[0]
+    flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
+    chosen = select(flat) if select else flat
+    return {
+        k: v.reshape(chains, -1, *v.shape[1:]).reshape(chains, v.shape[0] // chains, -1).numpy()
+        for k, v in chosen.items()
+    }
+
+
+def ess(values: dict) -> float:
+    return float(min(np.min(az.ess(az.convert_to_dataset({k: v}))[k].values) for k, v in values.items()))
+
+
+def timed_run(kernel, args, warmup, samples, chains) -> tuple[MCMC, float]:
+    mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # divergence warnings are reported in the table
+        mcmc.run(*args)
+    return mcmc, time.perf_counter() - start
+
+
+def compare(name, values, reference) -> dict:
+    mean_err, sd_err = 0.0, 0.0
+    for k, v in values.items():
+        ref = reference[k].reshape(-1, reference[k].shape[-1])
+        flat = v.reshape(-1, v.shape[-1])
+        ref_sd = ref.std(0)
+        mean_err = max(mean_err, float(np.max(np.abs(flat.mean(0) - ref.mean(0)) / ref_sd)))
+        sd_err = max(sd_err, float(np.max(np.abs(flat.std(0) / ref_sd - 1))))
+    return {"mean_err": mean_err, "sd_err": sd_err}
+
+
+def isotropic_step(model, args, kernel) -> float:
+    """0.2 b / lambda_max of the pooled Hessian at the mode the default kernel found (benchmark only)."""
+    pot = kernel.potential
+    hessian = torch.autograd.functional.hessian(pot.potential, kernel.adaptation.mode)
+    return 0.2 * pot.num_clients / float(torch.linalg.eigvalsh(hessian).max())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="fewer draws: a smoke run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    torch.set_default_dtype(torch.float64)
+    warmup, samples, nuts_warmup, nuts_samples = (
+        (100, 400, 100, 200) if args.quick else (500, 5000, 500, 1000)
+    )
+    rows = []
+    for name, (model, data, select) in make_problems().items():
+        pyro.set_rng_seed(1)
+        # the network's posterior makes NUTS build its deepest trees (1023 steps, ~1 s per draw): capped
+        nuts_kernel = NUTS(model, max_tree_depth=6) if name == "bnn" else NUTS(model)
+        nuts, nuts_seconds = timed_run(nuts_kernel, data, nuts_warmup, nuts_samples, 1)
+        reference = quantities(nuts, select)
+        pyro.set_rng_seed(2)
+        kernel = FaldKernel(model)
+        fald, fald_seconds = timed_run(kernel, data, warmup, samples, 2)
+        values = quantities(fald, select)
+        divergences = sum(len(v) for v in fald.diagnostics()["divergences"].values())
+        row = {
+            "model": name,
+            "d": kernel.potential.dim,
+            **compare(name, values, reference),
+            "fald_ess": ess(values),
+            "nuts_ess": ess(reference),
+            "fald_seconds": fald_seconds,
+            "nuts_seconds": nuts_seconds,
+            "step_size": kernel.adaptation.step_size,
+            "curvature_span": float(
+                kernel.adaptation.curvature.abs().max() / kernel.adaptation.curvature.abs().min()
+            ),
+            "divergences": divergences,
+        }
+        row["fald_ess_per_s"] = row["fald_ess"] / fald_seconds
+        row["nuts_ess_per_s"] = row["nuts_ess"] / nuts_seconds
+        row["passes"] = row["mean_err"] <= MEAN_TARGET and row["sd_err"] <= SD_TARGET
+        if name == "scales_100x":
+            pyro.set_rng_seed(2)
+            step = isotropic_step(model, data, kernel)
+            iso, iso_seconds = timed_run(FaldKernel(model, step_size=step), data, warmup, samples, 2)
+            iso_values = quantities(iso, select)
+            row["isotropic"] = {
+                **compare(name, iso_values, reference),
+                "ess": ess(iso_values),
+                "step_size": step,
+            }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    write(rows, args)
+
+
+def write(rows: list[dict], args) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "defaults_quick" if args.quick else "defaults"
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "machine": platform.machine(),
+    }
+    (args.out / f"{stem}.json").write_text(json.dumps({"rows": rows, "info": info}, indent=2))
+    lines = [
+        "# `MCMC(FaldKernel(model))` with every default vs NUTS on the pooled data",
+        "",
+        f"Written by `benchmarks/defaults.py{' --quick' if args.quick else ''}` (see its docstring). "
+        f"Targets: mean err ≤ {MEAN_TARGET}, sd err ≤ {SD_TARGET}. {info}",
+        "",
+        "| model | d | mean err | sd err | passes | FALD ESS | FALD s | FALD ESS/s | NUTS ESS | NUTS s "
+        "| NUTS ESS/s | ESS/s ratio | step | curvature span | divergences |",
+        "|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [
+            r["model"],
+            r["d"],
+            f"{r['mean_err']:.3f}",
+            f"{r['sd_err']:.3f}",
+            "yes" if r["passes"] else "NO",
+            f"{r['fald_ess']:.0f}",
+            f"{r['fald_seconds']:.1f}",
+            f"{r['fald_ess_per_s']:.1f}",
+            f"{r['nuts_ess']:.0f}",
+            f"{r['nuts_seconds']:.1f}",
+            f"{r['nuts_ess_per_s']:.1f}",
+            f"{r['fald_ess_per_s'] / r['nuts_ess_per_s']:.2f}",
+            f"{r['step_size']:.3g}",
+            f"{r['curvature_span']:.3g}",
+            r["divergences"],
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    for r in rows:
+        if "isotropic" in r:
+            i = r["isotropic"]
+            lines += [
+                "",
+                f"`scales_100x` with the best isotropic step ({i['step_size']:.3g}, no preconditioner): "
+                f"mean err {i['mean_err']:.3g}, sd err {i['sd_err']:.3g}, ESS {i['ess']:.0f} — against "
+                f"{r['mean_err']:.3f}, {r['sd_err']:.3f} and {r['fald_ess']:.0f} with the defaults.",
+            ]
+    text = "\n".join(lines) + "\n"
+    (args.out / f"{stem}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
