@@ -37,8 +37,9 @@ Hessian used to set it) is run too: its widest coordinate moves 10^4 times slowe
 
 Run::
 
-    python benchmarks/defaults.py            # all models (about 6 minutes on 2 CPU cores)
-    python benchmarks/defaults.py --quick    # fewer draws, a smoke run (about a minute)
+    python benchmarks/defaults.py            # all models (about 15 minutes on 2 CPU cores, half of it NUTS
+                                             # on the network)
+    python benchmarks/defaults.py --quick    # fewer draws, a smoke run (a few minutes)
 
 Results: ``benchmarks/results/defaults{,_quick}.{md,json}`` (``--out`` changes the folder).
 """
@@ -339,6 +340,13 @@ def write(rows: list[dict], args) -> None:
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     for r in rows:
+        if r["nuts_ess"] < 100:
+            lines += [
+                "",
+                f"`{r['model']}`: NUTS's own ESS is {r['nuts_ess']:.0f} (FALD's {r['fald_ess']:.0f}): the "
+                "reference is not converged either, so this row's errors measure both samplers' Monte Carlo "
+                "error more than FALD's bias.",
+            ]
         if "isotropic" in r:
             i = r["isotropic"]
             lines += [

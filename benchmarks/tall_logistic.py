@@ -21,7 +21,8 @@ data) and under the federated kernels.
    ArviZ does) divided by the wall time of ``mcmc.run`` **including** the kernel's tracing and
    TorchInductor compilation, and also excluding it (``prep`` column: the kernel's own preparation
    seconds; TorchInductor's on-disk cache, left warm by earlier runs on the machine, shortens it).
-   "Warm-up" of a FALD kernel is plain burn-in (it adapts nothing); its iterations are in the time.
+   The step sizes are given (below), so the kernels adapt nothing and their "warm-up" is plain burn-in;
+   its iterations are in the time.
 
 Accuracy check of every run against the reference, per coefficient :math:`j`, reported as the max over
 :math:`j`: ``mean err`` = :math:`|\hat\mu_j - \mu^{ref}_j| / \sigma^{ref}_j` (must be ≤ 0.1) and ``sd err``

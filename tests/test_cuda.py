@@ -6,6 +6,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
+import pyro_fed
 from pyro_fed import FaldKernel, VrFaldKernel
 
 from .models import logistic_model
@@ -52,3 +53,23 @@ def test_cuda_graph_chunks_give_the_eager_draws(cuda_default, kernel_class, opti
     # float64; compiled kernels may reassociate sums: rounding differences only
     torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-9)
     assert not torch.equal(compiled[0], compiled[1])
+
+
+@pytest.mark.parametrize("kernel_class", [FaldKernel, VrFaldKernel])
+def test_defaults_and_the_readme_setting_under_the_cuda_default_device(cuda_default, kernel_class):
+    # torch.set_default_device("cuda") is how a Pyro user moves a model to the GPU: the data sets, the
+    # partitions (host generators), the warm-up adaptation, coins and minibatches must all follow it
+    x, y = pyro_fed.datasets.titanic()
+    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    pyro.set_rng_seed(0)
+    for kernel in (
+        kernel_class(logistic_model),
+        kernel_class(logistic_model, clients, comm_prob=0.2, batch_size=32),
+    ):
+        mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
+        mcmc.run(x, y)
+        samples = mcmc.get_samples()["w"]
+        assert samples.is_cuda and torch.isfinite(samples).all()
+        assert kernel.adaptation.preconditioner.is_cuda
+        idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+        assert idata.posterior["w"].shape == (2, 64, 4)
