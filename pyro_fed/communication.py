@@ -30,15 +30,16 @@ class InProcessNetwork:
     Counters, per chain (NumPy integer arrays, so that reading them never waits for the device):
 
     - ``uploaded_bits``: bits sent by clients to the server, summed over clients;
-    - ``broadcast_bits``: bits sent by the server (one broadcast reaches every client);
-    - ``rounds``: number of averaging rounds of the iterates.
+    - ``downloaded_bits``: bits received by clients from the server, summed over clients;
+    - ``rounds``: number of communication rounds (FALD: averaging rounds of the iterates; QLSD: iterations
+      with at least one active client).
     """
 
     def __init__(self, num_clients: int, dim: int, num_chains: int = 1):
         self.num_clients = num_clients
         self.dim = dim
         self.uploaded_bits = np.zeros(num_chains, dtype=np.int64)
-        self.broadcast_bits = np.zeros(num_chains, dtype=np.int64)
+        self.downloaded_bits = np.zeros(num_chains, dtype=np.int64)
         self.rounds = np.zeros(num_chains, dtype=np.int64)
 
     # ------------------------------------------------------------- tensors
@@ -66,20 +67,33 @@ class InProcessNetwork:
         ]
 
     # ------------------------------------------------------------- accounting
-    def record(self, averaged: np.ndarray, rounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def averages_traffic(self, averaged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bits of ``averaged`` (``[K, C]``) rounds of averaging ``d`` floats: every client uploads its
+        vector and downloads the average. ``(uploaded, downloaded)``, each ``[K, C]``."""
+        bits = np.asarray(averaged, np.int64) * BITS_PER_FLOAT * self.dim * self.num_clients
+        return bits, bits
+
+    def record(
+        self, uploaded: np.ndarray, downloaded: np.ndarray, rounds: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Count the messages of a chunk of iterations.
 
-        :param averaged: ``[K, C]`` number of ``d``-float averages (one upload per client and one broadcast
-            each) that each iteration of each chain made.
-        :param rounds: ``[K, C]`` whether each iteration averaged the clients' iterates.
-        :returns: ``[K, C]`` cumulative uploaded bits and cumulative rounds per chain after each iteration.
+        :param uploaded: ``[K, C]`` bits each iteration of each chain uploaded (summed over clients).
+        :param downloaded: ``[K, C]`` bits each iteration of each chain downloaded (summed over clients).
+        :param rounds: ``[K, C]`` whether each iteration was a communication round.
+        :returns: ``[K, C]`` cumulative uploaded bits, downloaded bits and rounds per chain after each
+            iteration.
         """
-        message = BITS_PER_FLOAT * self.dim
-        uploaded = self.uploaded_bits + np.cumsum(
-            np.asarray(averaged, np.int64) * message * self.num_clients, 0
-        )
-        cumulative_rounds = self.rounds + np.cumsum(np.asarray(rounds, np.int64), 0)
-        if len(uploaded):
-            self.uploaded_bits, self.rounds = uploaded[-1].copy(), cumulative_rounds[-1].copy()
-        self.broadcast_bits += np.asarray(averaged, np.int64).sum(0) * message
-        return uploaded, cumulative_rounds
+        totals = []
+        for name, counts in (
+            ("uploaded_bits", uploaded),
+            ("downloaded_bits", downloaded),
+            ("rounds", rounds),
+        ):
+            cumulative = getattr(self, name) + np.cumsum(
+                np.rint(np.asarray(counts, np.float64)).astype(np.int64), 0
+            )
+            if len(cumulative):
+                setattr(self, name, cumulative[-1].copy())
+            totals.append(cumulative)
+        return tuple(totals)

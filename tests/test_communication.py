@@ -22,11 +22,17 @@ def test_bits_counted_from_host_coins():
     network = InProcessNetwork(num_clients=4, dim=3, num_chains=2)
     averaged = np.array([[1, 0], [0, 0], [3, 1]])  # averages per iteration (rows) and chain (columns)
     rounds = np.array([[True, False], [False, False], [True, True]])
-    bits, cumulative_rounds = network.record(averaged, rounds)
-    per_average = 4 * 3 * 32  # 4 clients upload d = 3 floats of 32 bits
+    bits, downloaded, cumulative_rounds = network.record(*network.averages_traffic(averaged), rounds)
+    per_average = 4 * 3 * 32  # 4 clients upload d = 3 floats of 32 bits, and download the average
     assert bits.tolist() == [[per_average, 0], [per_average, 0], [4 * per_average, per_average]]
+    assert downloaded.tolist() == bits.tolist()
     assert cumulative_rounds.tolist() == [[1, 0], [1, 0], [2, 1]]
     assert network.uploaded_bits.tolist() == [4 * per_average, per_average]
-    assert network.broadcast_bits.tolist() == [4 * 3 * 32, 3 * 32]
-    bits, _ = network.record(averaged[:1], rounds[:1])  # cumulative across chunks
+    assert network.downloaded_bits.tolist() == [4 * per_average, per_average]
+    bits, _, _ = network.record(
+        *network.averages_traffic(averaged[:1]), rounds[:1]
+    )  # cumulative across chunks
     assert bits.tolist() == [[5 * per_average, per_average]]
+    # any per-iteration traffic (e.g. quantised messages of fractional cost): rounded to whole bits
+    bits, downloaded, _ = network.record(np.array([[10.4, 0.6]]), np.array([[1, 2]]), np.zeros((1, 2), bool))
+    assert bits.tolist() == [[5 * per_average + 10, per_average + 1]]

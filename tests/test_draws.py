@@ -12,7 +12,8 @@ def chunk(start, num_iterations=4, num_chains=2):
     coins = {"communicated": np.zeros((num_iterations, num_chains), dtype=bool)}
     coins["communicated"][2, 1] = True
     counts = np.arange(start + 1, start + num_iterations + 1)[:, None].repeat(num_chains, 1)
-    return positions, k[:, None].expand(num_iterations, num_chains), finite, coins, 10 * counts, counts
+    statistics = {"dispersion": k[:, None].expand(num_iterations, num_chains)}
+    return positions, finite, statistics, coins, (10 * counts, 20 * counts, counts)
 
 
 def test_thinning_windows_and_cumulative_counts():
@@ -30,8 +31,8 @@ def test_thinning_windows_and_cumulative_counts():
         True,
     ]
     assert stats["dispersion"].tolist() == [1.0, 3.0, 5.0, 7.0]
-    assert buffer.uploaded_bits(2, chain=1) == 60 and buffer.rounds_at(2, chain=1) == 6
-    assert buffer.uploaded_bits(-1, chain=0) == 0
+    assert buffer.bits("uploaded", 2, chain=1) == 60 and buffer.rounds_at(2, chain=1) == 6
+    assert buffer.bits("downloaded", 2, chain=1) == 120 and buffer.bits("uploaded", -1, chain=0) == 0
     assert [buffer.divergences_at(j, chain=0) for j in range(4)] == [1, 1, 2, 2]
     assert buffer.sample_stats(chain=0, start=1, stop=3)["uploaded_bits"].tolist() == [40, 60]
 

@@ -14,7 +14,6 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..algorithms.langevin import client_noise
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
 from ..compile import check_mode, inputs_signature, same_inputs
@@ -63,8 +62,9 @@ class FederatedKernel(MCMCKernel):
     ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them one
     chain after another, as it would from independent runs.
 
-    Subclasses implement :meth:`init_state`, :meth:`step`, :meth:`position`, :meth:`draw_coins` and
-    :meth:`averages` (and, for out-of-step events, :meth:`event_iterations` and :meth:`event`) with the
+    Subclasses implement :meth:`init_state`, :meth:`step_inputs`, :meth:`step`, :meth:`position`,
+    :meth:`draw_coins` and :meth:`traffic` (and, for out-of-step events, :meth:`event_iterations` and
+    :meth:`event`; for per-draw values, :meth:`statistics`) with the
     pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
     :class:`~pyro_fed.potential.FederatedPotential`, the randomness, the minibatches, the network, reverting
     diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw statistics.
@@ -149,10 +149,20 @@ class FederatedKernel(MCMCKernel):
         """The algorithm's initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
         raise NotImplementedError
 
-    def step(self, state, gradients: Callable, noise: torch.Tensor, communicate: torch.Tensor, step_size):
-        """One iteration of the algorithm (a pure tensor function): the new state. ``gradients`` maps client
-        points ``[..., C, b, d]`` to this iteration's minibatch gradients."""
+    def step_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """The pre-drawn randomness of a chunk besides the minibatches (noise, coins as tensors, ...), each
+        with a leading dimension of ``num_iterations``."""
         raise NotImplementedError
+
+    def step(self, state, gradients: Callable, inputs: tuple[torch.Tensor, ...], step_size: torch.Tensor):
+        """One iteration of the algorithm (a pure tensor function): the new state. ``gradients`` maps client
+        points ``[..., C, b, d]`` to this iteration's minibatch gradients; ``inputs`` is this iteration's row
+        of :meth:`step_inputs`; ``step_size`` is :math:`\\gamma m`, per coordinate."""
+        raise NotImplementedError
+
+    def statistics(self, state) -> dict[str, torch.Tensor]:
+        """Per-draw values of the state recorded in ``sample_stats`` (``{name: [C]}``; none by default)."""
+        return {}
 
     def position(self, state) -> torch.Tensor:
         """The global iterate of each chain reported as its draw, ``[C, d]``."""
@@ -162,9 +172,15 @@ class FederatedKernel(MCMCKernel):
         """The host coins of a chunk, ``{name: [K, C] bool}``; ``"communicated"`` is the averaging coin."""
         raise NotImplementedError
 
-    def averages(self, coins: dict[str, np.ndarray]) -> np.ndarray:
-        """``[K, C]`` number of ``d``-float averages each iteration made (for the bit count)."""
+    def traffic(self, coins: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What each iteration of a chunk sent, from its coins (host side): uploaded bits, downloaded bits
+        (each summed over clients) and whether it was a communication round, each ``[K, C]``."""
         raise NotImplementedError
+
+    def coin_statistics(self, coins: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The coins recorded in ``sample_stats`` (``[K, C]``: booleans, or integer counts): all of them by
+        default."""
+        return coins
 
     def event_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
         """``[K]`` bool: the iterations of a chunk preceded by an out-of-step event (none by default)."""
@@ -176,10 +192,6 @@ class FederatedKernel(MCMCKernel):
         the state after it. Events split a chunk, so that expensive, rare work never runs inside the
         compiled iteration."""
         raise NotImplementedError
-
-    def noise_corr_value(self) -> float:
-        """The noise correlation :math:`\\tau` of the client noises."""
-        return 1.0
 
     # ------------------------------------------------------- Pyro MCMCKernel
     def build_potential(self, *args, **kwargs) -> FederatedPotential:
@@ -224,10 +236,9 @@ class FederatedKernel(MCMCKernel):
             pot.check_initial_points(positions)
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
         self._state = tuple(self.init_state(positions))
-        # pre-drawn per iteration: minibatch indices and their sort keys, and the noise (one shared row of d
-        # when every client receives the same noise)
-        noise = pot.num_clients * pot.dim if self.noise_corr_value() < 1 else pot.dim
-        per_iteration = num_chains * (2 * pot.num_clients * (self.batch_size or 0) + noise)
+        # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
+        # (noise, quantisation)
+        per_iteration = num_chains * pot.num_clients * (2 * (self.batch_size or 0) + pot.dim)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // self.thinning)
         self._chunk = draws_per_chunk * self.thinning
@@ -349,10 +360,9 @@ class FederatedKernel(MCMCKernel):
 
     def _iteration(self, state, inputs, constants):
         """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
-        indices = inputs[0] if self.minibatches is not None else None
-        noise, communicate = inputs[-2:]
+        indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
-        new = self.step(self.state_type(*state), self._gradients(indices), noise, communicate, step_size)
+        new = self.step(self.state_type(*state), self._gradients(indices), inputs, step_size)
         # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
         valid = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
         valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
@@ -361,17 +371,13 @@ class FederatedKernel(MCMCKernel):
             torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
         )
         new_state = self.state_type(*new)
-        return new, (self.position(new_state), self.network.dispersion(new_state.clients), valid)
+        return new, (self.position(new_state), valid, *self.statistics(new_state).values())
 
     def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        pot = self.potential
-        leading = (num_iterations, self.plan.num_chains)
-        noise = client_noise(self.rng, leading, pot.num_clients, pot.dim, self.noise_corr_value(), pot.dtype)
-        communicate = torch.as_tensor(coins["communicated"], device=pot.device)
+        inputs = self.step_inputs(num_iterations, coins)
         if self.minibatches is None:
-            return noise, communicate
-        indices = self.minibatches()[:num_iterations]
-        return indices, noise, communicate
+            return inputs
+        return (self.minibatches()[:num_iterations], *inputs)
 
     def engine(self) -> ChunkEngine:
         """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
@@ -429,9 +435,10 @@ class FederatedKernel(MCMCKernel):
         outputs.append(out)
         self._state = state
         self._computed += num_iterations
-        positions, dispersion, finite = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
-        bits, rounds = self.network.record(self.averages(coins), coins["communicated"])
-        self._buffer.add(positions, dispersion, finite, coins, bits, rounds)
+        positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
+        statistics = dict(zip(self.statistics(self.state_type(*state)), values, strict=True))
+        bits = self.network.record(*self.traffic(coins))
+        self._buffer.add(positions, valid, statistics, self.coin_statistics(coins), bits)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
         self._maybe_compile(elapsed, num_iterations)
@@ -484,7 +491,8 @@ class FederatedKernel(MCMCKernel):
             else self.adaptation.preconditioner.cpu().numpy(),
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
             "communication rounds": self._buffer.rounds_at(last, self._chain),
-            "uploaded bits": self._buffer.uploaded_bits(last, self._chain),
+            "uploaded bits": self._buffer.bits("uploaded", last, self._chain),
+            "downloaded bits": self._buffer.bits("downloaded", last, self._chain),
             "sample_stats": stats,
         }
 
@@ -496,7 +504,8 @@ class FederatedKernel(MCMCKernel):
             ("step", f"{self.current_step_size:.3g}"),
             ("divergences", self._buffer.divergences_at(last, self._chain)),
             ("rounds", self._buffer.rounds_at(last, self._chain)),
-            ("Mbits up", f"{self._buffer.uploaded_bits(last, self._chain) / 1e6:.3g}"),
+            ("Mbits up", f"{self._buffer.bits('uploaded', last, self._chain) / 1e6:.3g}"),
+            ("Mbits down", f"{self._buffer.bits('downloaded', last, self._chain) / 1e6:.3g}"),
         ]
         seconds = self.preparation_seconds
         if seconds > 1:

@@ -29,22 +29,32 @@ class DrawBuffer:
     def add(
         self,
         positions: torch.Tensor,
-        dispersion: torch.Tensor,
-        finite: torch.Tensor,
+        valid: torch.Tensor,
+        statistics: dict[str, torch.Tensor],
         coins: dict[str, np.ndarray],
-        uploaded_bits: np.ndarray,
-        rounds: np.ndarray,
+        bits: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> None:
-        """Add a chunk of iterations (every array ``[K, C, ...]``, ``K`` a multiple of ``thinning``). Flags
-        (``diverging`` and the coins) say whether it happened in any of a draw's ``thinning`` iterations;
-        counts and values are those of the draw's last iteration."""
+        """Add a chunk of iterations (every array ``[K, C, ...]``, ``K`` a multiple of ``thinning``).
+
+        :param valid: whether each step was kept (``diverging`` is its negation).
+        :param statistics: the algorithm's per-iteration values (e.g. ``dispersion``), on the device.
+        :param coins: host-side per-iteration coins: boolean flags (whether it happened in any of a draw's
+            ``thinning`` iterations) or integer counts (summed over them).
+        :param bits: cumulative uploaded and downloaded bits and rounds (values at a draw's last iteration).
+        """
         t = self.thinning
         self.draws_per_chunk = self.draws_per_chunk or len(positions) // t
-        window = lambda a: a.reshape(-1, t, *a.shape[1:]).any(1)  # noqa: E731
+
+        def window(a: np.ndarray) -> np.ndarray:
+            a = a.reshape(-1, t, *a.shape[1:])
+            return a.any(1) if a.dtype == bool else a.sum(1)
+
+        uploaded, downloaded, rounds = bits
         stats = {
-            "diverging": window(~finite.cpu().numpy()),
-            "uploaded_bits": uploaded_bits[t - 1 :: t],
-            "dispersion": dispersion[t - 1 :: t].cpu().numpy(),
+            "diverging": window(~valid.cpu().numpy()),
+            "uploaded_bits": uploaded[t - 1 :: t],
+            "downloaded_bits": downloaded[t - 1 :: t],
+            **{name: value[t - 1 :: t].cpu().numpy() for name, value in statistics.items()},
             **{name: window(value) for name, value in coins.items()},
         }
         for name, value in stats.items():
@@ -70,9 +80,10 @@ class DrawBuffer:
             return {}
         return {name: np.concatenate(chunks)[start:stop, chain] for name, chunks in self.stats.items()}
 
-    def uploaded_bits(self, draw: int, chain: int) -> int:
-        """Bits uploaded by the clients of chain ``chain`` up to draw ``draw`` (0 before the first draw)."""
-        return self._cumulative(self.stats.get("uploaded_bits", []), draw, chain)
+    def bits(self, direction: str, draw: int, chain: int) -> int:
+        """Bits ``"uploaded"`` or ``"downloaded"`` by the clients of chain ``chain`` up to draw ``draw`` (0
+        before the first draw)."""
+        return self._cumulative(self.stats.get(f"{direction}_bits", []), draw, chain)
 
     def rounds_at(self, draw: int, chain: int) -> int:
         """Averaging rounds of chain ``chain`` up to draw ``draw`` (0 before the first draw)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from ..algorithms import fald
+from ..algorithms.langevin import client_noise
 from .arguments import check_probability
 from .base import FederatedKernel
 
@@ -108,8 +110,18 @@ class FaldKernel(FederatedKernel):
     def init_state(self, positions):
         return fald.init(positions, self.potential.num_clients)
 
-    def step(self, state, gradients, noise, communicate, step_size):
+    def step_inputs(self, num_iterations, coins):
+        pot = self.potential
+        leading = (num_iterations, self.plan.num_chains)
+        noise = client_noise(self.rng, leading, pot.num_clients, pot.dim, self.noise_corr, pot.dtype)
+        return noise, torch.as_tensor(coins["communicated"], device=pot.device)
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, communicate = inputs
         return fald.step(state, gradients, noise, communicate, self.network, step_size=step_size)
+
+    def statistics(self, state):
+        return {"dispersion": self.network.dispersion(state.clients)}
 
     def position(self, state):
         return fald.position(state, self.network)
@@ -117,8 +129,5 @@ class FaldKernel(FederatedKernel):
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
         return {"communicated": self.rng.coins(self.comm_prob, num_iterations, self.plan.num_chains)}
 
-    def averages(self, coins):
-        return fald.averages(coins["communicated"])
-
-    def noise_corr_value(self) -> float:
-        return self.noise_corr
+    def traffic(self, coins):
+        return (*self.network.averages_traffic(fald.averages(coins["communicated"])), coins["communicated"])

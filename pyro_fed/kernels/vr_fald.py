@@ -52,7 +52,8 @@ class VrFaldKernel(FaldKernel):
         # the clients upload their full gradients at the initial point and the server broadcasts the
         # shift; counted as the two averages of a refresh, as the first draw's bits have always shown
         num_chains = positions.shape[0]
-        self.network.record(np.full((1, num_chains), 2), np.zeros((1, num_chains), dtype=bool))
+        no_round = np.zeros((1, num_chains), dtype=bool)
+        self.network.record(*self.network.averages_traffic(np.full((1, num_chains), 2)), no_round)
         return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
 
     def _full_gradients(self, points: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,8 @@ class VrFaldKernel(FaldKernel):
         grads = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
         return grads[:, 0] - grads[:, 1]
 
-    def step(self, state, gradients, noise, communicate, step_size):
+    def step(self, state, gradients, inputs, step_size):
+        noise, communicate = inputs
         return vr_fald.step(
             state,
             gradients,
@@ -86,8 +88,9 @@ class VrFaldKernel(FaldKernel):
         coins["refreshed"] = self.rng.coins(self.refresh_prob, num_iterations, self.plan.num_chains)
         return coins
 
-    def averages(self, coins):
-        return vr_fald.averages(coins["communicated"], coins["refreshed"])
+    def traffic(self, coins):
+        averaged = vr_fald.averages(coins["communicated"], coins["refreshed"])
+        return (*self.network.averages_traffic(averaged), coins["communicated"])
 
     def event_iterations(self, coins):
         return coins["refreshed"].any(1)

@@ -48,7 +48,8 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
         rounds += 1  # each client uploads its variance
     step = kernel.step_size if kernel.step_size is not None else adaptation.step_size(stiffness, noise, b)
     num_chains = kernel.plan.num_chains
-    kernel.network.record(np.full((1, num_chains), rounds), np.zeros((1, num_chains), dtype=bool))
+    uploads = np.full((1, num_chains), rounds)
+    kernel.network.record(*kernel.network.averages_traffic(uploads), np.zeros((1, num_chains), dtype=bool))
     return adaptation.Adaptation(step, inverse_mass, mode, curvature, stiffness, noise, rounds)
 
 
