@@ -2,7 +2,7 @@
 
 from . import datasets, partition, testing
 from .arviz import to_inference_data
-from .kernels import FaldKernel, FederatedKernel, VrFaldKernel
+from .kernels import FaldKernel, FederatedKernel, QlsdKernel, VrFaldKernel
 from .potential import FederatedPotential
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "FederatedPotential",
     "datasets",
     "partition",
+    "QlsdKernel",
     "testing",
     "to_inference_data",
     "VrFaldKernel",

@@ -169,7 +169,8 @@ class FederatedKernel(MCMCKernel):
         raise NotImplementedError
 
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
-        """The host coins of a chunk, ``{name: [K, C] bool}``; ``"communicated"`` is the averaging coin."""
+        """The host coins of a chunk, ``{name: [K, C, ...] bool}`` (e.g. FALD's averaging coin
+        ``"communicated"``)."""
         raise NotImplementedError
 
     def traffic(self, coins: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,7 +185,7 @@ class FederatedKernel(MCMCKernel):
 
     def event_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
         """``[K]`` bool: the iterations of a chunk preceded by an out-of-step event (none by default)."""
-        return np.zeros(len(coins["communicated"]), dtype=bool)
+        return np.zeros(len(next(iter(coins.values()))), dtype=bool)
 
     def event(self, state, coins: dict[str, np.ndarray]) -> Callable:
         """The out-of-step event (e.g. VR-FALD⋆'s refresh) before an iteration whose coins are ``coins``
@@ -285,6 +286,10 @@ class FederatedKernel(MCMCKernel):
         """The step size :math:`\\gamma` of the current run: the user's, or the one the warm-up chose."""
         return self.adaptation.step_size if self.adaptation is not None else self.step_size
 
+    def measures_noise(self) -> bool:
+        """Whether the gradient estimates are random (the warm-up then measures their noise)."""
+        return not self.full_local_batches
+
     def adaptation_noise(self, minibatch_gradients: Callable, mode: torch.Tensor, scales: torch.Tensor):
         """``[R, b, d]`` draws of what makes the clients' gradient estimates noisy, at the mode: their
         minibatch gradients (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R``
@@ -299,6 +304,13 @@ class FederatedKernel(MCMCKernel):
             and self.plan.initial_params is None
             and self._user_initial_params is None
         )
+
+    def _full_gradients(self, points: torch.Tensor) -> torch.Tensor:
+        """Every client's full gradient at each of ``r`` common points ``[r, d]``: ``[r, b, d]``. ``r`` is
+        padded to a power of two, so that at most ``log2(C) + 1`` shapes are ever prepared."""
+        pot, r = self.potential, points.shape[0]
+        padded = points[torch.arange(2 ** math.ceil(math.log2(r)), device=points.device).clamp(max=r - 1)]
+        return pot.full_client_grads(padded[:, None, :].expand(-1, pot.num_clients, -1))[:r]
 
     def _continues_batched_run(self) -> bool:
         """Whether this ``setup`` is Pyro's for the next chain of a batched run whose chains are computed."""

@@ -56,13 +56,6 @@ class VrFaldKernel(FaldKernel):
         self.network.record(*self.network.averages_traffic(np.full((1, num_chains), 2)), no_round)
         return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
 
-    def _full_gradients(self, points: torch.Tensor) -> torch.Tensor:
-        """Every client's full gradient at each of ``r`` common points ``[r, d]``: ``[r, b, d]``. ``r`` is
-        padded to a power of two, so that at most ``log2(C) + 1`` shapes are ever prepared."""
-        pot, r = self.potential, points.shape[0]
-        padded = points[torch.arange(2 ** math.ceil(math.log2(r)), device=points.device).clamp(max=r - 1)]
-        return pot.full_client_grads(padded[:, None, :].expand(-1, pot.num_clients, -1))[:r]
-
     def adaptation_noise(self, minibatch_gradients, mode, scales):
         # the control variate's error: the same minibatch at a client point and at the reference point, a
         # typical distance apart (two independent draws differ by about sqrt(2) posterior sds)

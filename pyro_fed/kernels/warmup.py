@@ -39,14 +39,25 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
     else:
         inverse_mass = torch.ones_like(curvature)
     scales = inverse_mass.sqrt()
-    # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
-    stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, mode, scales, b).max())
+    if getattr(kernel, "server_step", False):
+        # the server steps on the whole potential: the stiffness of the sum of the clients' Hessians
+        def total_gradient(points: torch.Tensor) -> torch.Tensor:
+            return pot.full_gradient_fn(points.expand(-1, b, -1)).sum(1, keepdim=True)
+
+        stiffness = float(adaptation.client_stiffness(total_gradient, mode, scales, 1)[0])
+        clients_per_step = 1
+    else:
+        # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
+        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, mode, scales, b).max())
+        clients_per_step = b
     noise = 0.0
-    if not kernel.full_local_batches:
+    if kernel.measures_noise():
         draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, scales)
         noise = adaptation.gradient_noise(draws, inverse_mass)
         rounds += 1  # each client uploads its variance
-    step = kernel.step_size if kernel.step_size is not None else adaptation.step_size(stiffness, noise, b)
+    step = kernel.step_size
+    if step is None:
+        step = adaptation.step_size(stiffness, noise, clients_per_step)
     num_chains = kernel.plan.num_chains
     uploads = np.full((1, num_chains), rounds)
     kernel.network.record(*kernel.network.averages_traffic(uploads), np.zeros((1, num_chains), dtype=bool))
@@ -57,6 +68,10 @@ def _minibatch_gradients(kernel, seed: int):
     """``points [P, d] -> [R, P, b, d]``: every client's minibatch gradient at each point, on ``R`` fresh
     minibatches (the same minibatch at the ``P`` points)."""
     pot = kernel.potential
+    if kernel.full_local_batches:
+        return lambda points: pot.full_client_grads(
+            points[:, None, :].expand(-1, pot.num_clients, -1)
+        ).expand(NOISE_DRAWS, -1, -1, -1)
     sampler = MinibatchSampler(
         pot.client_indices,
         kernel.batch_size,

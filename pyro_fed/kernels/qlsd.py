@@ -1,0 +1,235 @@
+"""The QLSD family as a Pyro MCMC kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..algorithms import adaptation, qlsd
+from ..communication import BITS_PER_FLOAT
+from ..compression import compressor
+from .arguments import check_positive_int, check_probability
+from .base import FederatedKernel
+
+CONTROL_VARIATES = (None, "fixed_point", "svrg")
+
+
+class QlsdKernel(FederatedKernel):
+    r"""QLSD: the server takes Langevin steps with the clients' compressed gradient estimates, from the
+    clients that take part in each iteration.
+
+    .. math::
+
+        g_i = Q_s(H^i - \eta^i),\quad g = \frac{b}{|A|}\sum_{i\in A} g_i + \sum_i \eta^i,\quad
+        \theta \leftarrow \theta - \gamma\, m \odot g + \sqrt{2\gamma m} \odot Z,\quad
+        \eta^i \leftarrow \eta^i + \alpha g_i\ (i \in A),
+
+    with :math:`Q_s` the QSGD quantiser with ``quantization_levels`` :math:`s` levels (:math:`\omega =
+    \min(d/s^2, \sqrt d/s)`), each client active with probability ``participation`` :math:`p`, and
+    :math:`H^i` the client's estimate of :math:`\nabla U^i(\theta)` (see :mod:`pyro_fed.algorithms.qlsd`).
+    Each draw is the server's :math:`\theta`; :math:`m` is the preconditioner (see
+    :class:`~pyro_fed.FederatedKernel`). The papers' variants are settings of one kernel:
+
+    ==========  ======================================================================================
+    QLSD        exact local gradients (``batch_size=None``), no control variate
+    QLSD#       ``batch_size`` set
+    QLSD⋆       ``control_variate="fixed_point"``: :math:`H^i = \hat\nabla U^i(\theta) -
+                \hat\nabla U^i(\theta_\star)` around the mode :math:`\theta_\star`
+    QLSD++      ``control_variate="svrg"``, ``snapshot_every=l``: SVRG snapshots every :math:`l`
+                iterations, memory rate :math:`\alpha = 1/(\omega + 1)` by default
+    LSD⋆, LSD++ the same with ``quantization_levels=None`` (no compression)
+    ==========  ======================================================================================
+
+    When no client takes part (probability :math:`(1-p)^b`), the server steps with the memories' sum
+    :math:`g = \sum_i \eta^i` (without memory: a noise-only step). Each active client uploads one quantised
+    message (:meth:`~pyro_fed.compression.StochasticQuantizer.bits`; ``32 d`` uncompressed) and downloads
+    :math:`\theta` (``32 d``); a snapshot sends :math:`\theta` to every client. ``sample_stats`` records
+    ``active_clients``, ``uploaded_bits`` and ``downloaded_bits`` per draw (and ``snapshot`` for QLSD++).
+
+    **Reference:** Vono, Plassier, Durmus, Dieuleveut, Moulines, *QLSD: Quantised Langevin stochastic
+    dynamics for Bayesian federated learning*, AISTATS 2022, Algorithms 1, 2 and S1.
+
+    :param int quantization_levels: :math:`s` (e.g. ``2**8``); ``None`` (default): no compression.
+    :param str control_variate: ``None`` (default), ``"fixed_point"`` or ``"svrg"``.
+    :param int snapshot_every: :math:`l`, iterations between SVRG snapshots (required for ``"svrg"``).
+    :param float memory_rate: :math:`\alpha \in [0, 1]`; default :math:`1/(\omega + 1)` for ``"svrg"``,
+        0 (no memory) otherwise.
+    :param float participation: :math:`p \in (0, 1]`, each client's probability of taking part.
+    :param fixed_point: :math:`\theta_\star` for ``"fixed_point"``, as a flat unconstrained tensor ``[d]``
+        (default: the mode of the potential, found by L-BFGS before sampling).
+
+    The other arguments are those of :class:`~pyro_fed.FederatedKernel`. The automatic step size is chosen
+    for the server's step on the full potential, with the gradient noise of this estimator (minibatches,
+    quantisation and participation) measured at the mode.
+    """
+
+    state_type = qlsd.QlsdState
+    #: the step is the server's, on the whole potential (not a client's, on its share)
+    server_step = True
+
+    def __init__(
+        self,
+        model,
+        clients=None,
+        *,
+        quantization_levels: int | None = None,
+        control_variate: str | None = None,
+        snapshot_every: int | None = None,
+        memory_rate: float | None = None,
+        participation: float = 1.0,
+        fixed_point: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        super().__init__(model, clients, **kwargs)
+        self.compressor = compressor(quantization_levels)
+        self.quantization_levels = quantization_levels
+        if control_variate not in CONTROL_VARIATES:
+            raise ValueError(
+                f"control_variate must be one of {CONTROL_VARIATES} (QLSD, QLSD⋆, QLSD++); got "
+                f"{control_variate!r}."
+            )
+        self.control_variate = control_variate
+        if control_variate == "svrg" and snapshot_every is None:
+            raise ValueError(
+                'control_variate="svrg" needs snapshot_every (l, the iterations between snapshots; the QLSD '
+                "paper uses l of the order of N / batch_size)."
+            )
+        self.snapshot_every = check_positive_int("snapshot_every", snapshot_every, "no snapshots")
+        if memory_rate is not None and not 0 <= memory_rate <= 1:
+            raise ValueError(f"memory_rate must be in [0, 1] or None (the default); got {memory_rate!r}.")
+        self.memory_rate = memory_rate
+        self.participation = check_probability("participation", participation)
+        if fixed_point is not None and not isinstance(fixed_point, torch.Tensor):
+            raise ValueError(
+                f"fixed_point must be a flat unconstrained tensor of d numbers; got {fixed_point!r}."
+            )
+        self.fixed_point = fixed_point
+
+    # ---------------------------------------------------------------- set-up
+    def current_memory_rate(self) -> float:
+        """:math:`\\alpha`: the user's, or :math:`1/(\\omega+1)` for ``"svrg"``, else 0."""
+        if self.memory_rate is not None:
+            return float(self.memory_rate)
+        if self.control_variate == "svrg":
+            return 1.0 / (self.compressor.omega(self.potential.dim) + 1.0)
+        return 0.0
+
+    def init_state(self, positions):
+        pot = self.potential
+        self._memory_rate = self.current_memory_rate()
+        if self.control_variate == "svrg":
+            return qlsd.init(positions, pot.num_clients, self._full_gradients)
+        state = qlsd.init(positions, pot.num_clients, None)
+        if self.control_variate == "fixed_point":
+            point = self._fixed_point().to(positions)
+            state = qlsd.with_reference(state, point.expand_as(positions).clone(), state.reference_grads)
+        return state
+
+    def _fixed_point(self) -> torch.Tensor:
+        pot = self.potential
+        if self.fixed_point is not None:
+            if self.fixed_point.shape != (pot.dim,):
+                raise ValueError(
+                    f"fixed_point has shape {tuple(self.fixed_point.shape)}; the model has {pot.dim} "
+                    "unconstrained coordinates: give the flat unconstrained mode (or leave it None)."
+                )
+            return self.fixed_point
+        if self.adaptation is not None:
+            return self.adaptation.mode
+        mode, evaluations = adaptation.find_mode(
+            lambda x: pot.client_potentials(x).sum(),
+            lambda x: pot.full_client_grads(x).sum(0),
+            pot.initial_flat,
+        )
+        num_chains = self.plan.num_chains
+        no_round = np.zeros((1, num_chains), dtype=bool)
+        self.network.record(*self.network.averages_traffic(np.full((1, num_chains), evaluations)), no_round)
+        return mode
+
+    # ------------------------------------------------------------- iteration
+    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
+        b, chains = self.potential.num_clients, self.plan.num_chains
+        coins = {"active": self.rng.coins(self.participation, num_iterations, chains, b)}
+        if self.control_variate == "svrg":
+            # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
+            iteration = self._computed + np.arange(1, num_iterations + 1)
+            coins["snapshot"] = np.repeat((iteration % self.snapshot_every == 0)[:, None], chains, 1)
+        return coins
+
+    def step_inputs(self, num_iterations, coins):
+        pot = self.potential
+        leading = (num_iterations, self.plan.num_chains)
+        noise = self.rng.normal(*leading, pot.dim, dtype=pot.dtype)
+        active = torch.as_tensor(coins["active"], device=pot.device)
+        if not self.compressor.random:
+            return noise, active
+        return noise, active, self.rng.uniform(*leading, pot.num_clients, pot.dim, dtype=pot.dtype)
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, active, *uniforms = inputs
+        return qlsd.step(
+            state,
+            gradients,
+            noise,
+            uniforms[0] if uniforms else None,
+            active,
+            self.network,
+            self.compressor,
+            step_size=step_size,
+            memory_rate=self._memory_rate,
+            control_variate=self.control_variate,
+        )
+
+    def position(self, state):
+        return qlsd.position(state)
+
+    def event_iterations(self, coins):
+        return coins["snapshot"].any(1) if "snapshot" in coins else super().event_iterations(coins)
+
+    def event(self, state, coins):
+        def snapshot(after):
+            return qlsd.with_reference(after, after.server.clone(), self._full_gradients(after.server))
+
+        return snapshot
+
+    def traffic(self, coins):
+        pot = self.potential
+        active = coins["active"].sum(-1)
+        uploaded = active * self.compressor.bits(pot.dim)
+        downloaded = active * BITS_PER_FLOAT * pot.dim
+        if "snapshot" in coins:  # theta to every client
+            downloaded = downloaded + coins["snapshot"] * BITS_PER_FLOAT * pot.dim * pot.num_clients
+        return uploaded, downloaded, active > 0
+
+    def measures_noise(self) -> bool:
+        return super().measures_noise() or self.compressor.random or self.participation < 1
+
+    def adaptation_noise(self, minibatch_gradients, mode, scales):
+        # draws of the server's whole estimate g at a typical point, a posterior spread away from the mode (at
+        # the mode a fixed point's estimate is exact), with the memories where they settle: at the clients'
+        # mean estimates, their full gradients (what is quantised is then only the estimates' fluctuation)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        if self.control_variate is None:
+            estimates = minibatch_gradients(mode[None])[:, 0]
+        else:
+            signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
+            both = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
+            estimates = both[:, 0] - both[:, 1]
+            if self.control_variate == "svrg":
+                estimates = estimates + self.potential.full_client_grads(mode)
+        r, b, _ = estimates.shape
+        uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
+        active = torch.rand(r, b, generator=generator).to(mode.device) < self.participation
+        memory = torch.zeros_like(estimates)
+        if self.current_memory_rate() > 0:
+            memory = self.potential.full_client_grads(mode).expand_as(estimates)
+        uploads = self.compressor.compress(estimates - memory, uniforms)
+        return qlsd.aggregate(uploads, active, memory)[:, None, :]
+
+    def coin_statistics(self, coins):
+        stats = {"active_clients": coins["active"].sum(-1)}
+        if "snapshot" in coins:
+            stats["snapshot"] = coins["snapshot"]
+        return stats

@@ -1,0 +1,237 @@
+"""QLSD family: the update rule, the memory, participation and bits; the exact law with exact gradients and
+posterior moments with quantisation and partial participation; argument errors."""
+
+import math
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import QlsdKernel
+from pyro_fed.algorithms import qlsd
+from pyro_fed.communication import InProcessNetwork
+from pyro_fed.compression import Compressor, StochasticQuantizer
+from pyro_fed.testing import GaussianClients, batch_means_standard_error, fald_stationary_law
+
+from .models import gaussian_regression
+from .test_adaptation import NOISE_SD, anisotropic_problem, preconditioned
+
+Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+
+
+def run(kernel, args, num_samples, warmup=200, num_chains=1):
+    mcmc = MCMC(
+        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
+    )
+    mcmc.run(*args)
+    return mcmc
+
+
+# ----------------------------------------------------------------------------------- the pure rule
+def gaussian_state(num_chains=2, b=3, d=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    clients = GaussianClients(
+        torch.eye(d).expand(b, d, d) * torch.rand(b, 1, 1, generator=g) + torch.eye(d),
+        torch.randn(b, d, generator=g),
+    )
+    server = torch.randn(num_chains, d, generator=g)
+    memory = torch.randn(num_chains, b, d, generator=g)
+    state = qlsd.QlsdState(
+        server, memory, torch.randn(num_chains, d, generator=g), torch.zeros(num_chains, b, d)
+    )
+    return clients, state
+
+
+def test_uncompressed_full_participation_is_langevin_on_the_sum_whatever_the_memory():
+    # LSD: g = sum_i (H^i - eta^i) + sum_i eta^i = sum_i grad U^i(theta) exactly, so the memory never matters
+    clients, state = gaussian_state()
+    network = InProcessNetwork(3, 2, 2)
+    noise = torch.randn(2, 2)
+    active = torch.ones(2, 3, dtype=torch.bool)
+    step = torch.tensor(0.1)
+    new = qlsd.step(
+        state,
+        clients.gradients,
+        noise,
+        None,
+        active,
+        network,
+        Compressor(),
+        step_size=step,
+        memory_rate=0.5,
+        control_variate=None,
+    )
+    total = clients.gradients(state.server[:, None, :].expand(-1, 3, -1)).sum(-2)
+    torch.testing.assert_close(new.server, state.server - step * total + (2 * step).sqrt() * noise)
+    # the memory rule: eta <- eta + alpha (H - eta) for every (active) client
+    grads = clients.gradients(state.server[:, None, :].expand(-1, 3, -1))
+    torch.testing.assert_close(new.memory, state.memory + 0.5 * (grads - state.memory))
+
+
+def test_partial_participation_scales_and_the_empty_set_steps_with_the_memories():
+    clients, state = gaussian_state()
+    network = InProcessNetwork(3, 2, 2)
+    active = torch.tensor([[True, False, True], [False, False, False]])
+    step, noise = torch.tensor(0.1), torch.zeros(2, 2)
+    new = qlsd.step(
+        state,
+        clients.gradients,
+        noise,
+        None,
+        active,
+        network,
+        Compressor(),
+        step_size=step,
+        memory_rate=0.5,
+        control_variate=None,
+    )
+    uploads = clients.gradients(state.server[:, None, :].expand(-1, 3, -1)) - state.memory
+    # chain 0: b / |A| = 3 / 2 times the active uploads, plus every memory
+    g0 = 1.5 * (uploads[0, 0] + uploads[0, 2]) + state.memory[0].sum(0)
+    torch.testing.assert_close(new.server[0], state.server[0] - step * g0)
+    # chain 1: nobody active, g = the memories' sum; memories unchanged
+    torch.testing.assert_close(new.server[1], state.server[1] - step * state.memory[1].sum(0))
+    torch.testing.assert_close(new.memory[1], state.memory[1])
+    torch.testing.assert_close(new.memory[0, 1], state.memory[0, 1])  # inactive client: unchanged
+    torch.testing.assert_close(new.memory[0, 0], state.memory[0, 0] + 0.5 * uploads[0, 0])
+
+
+def test_control_variates_estimates():
+    clients, state = gaussian_state()
+    network = InProcessNetwork(3, 2, 2)
+    state = state._replace(reference_grads=torch.randn(2, 3, 2))
+    at = lambda p: clients.gradients(p[:, None, :].expand(-1, 3, -1))  # noqa: E731
+    expected = at(state.server) - at(state.reference) + state.reference_grads
+    torch.testing.assert_close(qlsd.estimates(state, clients.gradients, "svrg", network), expected)
+    torch.testing.assert_close(qlsd.estimates(state, clients.gradients, None, network), at(state.server))
+
+
+# ----------------------------------------------------------------------------------- the kernel
+@pytest.mark.slow
+@pytest.mark.parametrize("levels", [None, 2**16])
+def test_fixed_point_with_exact_gradients_has_the_exact_ula_law(levels):
+    # LSD⋆ with full local batches: H^i = grad U^i(theta) - grad U^i(theta_star), summing to grad U(theta):
+    # the server is ULA on U with step gamma m, a Gaussian AR(1) whose law is FALD's with one client holding
+    # the whole potential. QLSD⋆ at s = 2^16 adds quantisation noise of relative variance omega ~ 3e-5: within
+    # the Monte Carlo error of these 4 x 4000 draws.
+    x, y, clients, exact = anisotropic_problem()
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        control_variate="fixed_point",
+        quantization_levels=levels,
+        gradient_mode="traced",
+    )
+    pyro.set_rng_seed(0)
+    chains = run(kernel, (x, y), num_samples=4000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    chosen = kernel.adaptation
+    whole = GaussianClients(exact.precisions.sum(0, keepdim=True), exact.posterior()[0][None])
+    law_y = fald_stationary_law(preconditioned(whole, chosen.preconditioner), chosen.step_size, 1.0, 1.0)
+    scales = chosen.preconditioner.sqrt()
+    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
+    draws_mean = chains.mean(1).mean(0)
+    draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
+    mean_tol = Z * scales * law_y.mean_standard_error(4000) / 2
+    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(4000) * scales / 2
+    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
+    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
+    # the automatic step keeps the law within the design's 11% of the posterior on every variance
+    ratio = law_cov.diagonal() / exact.posterior()[1].diagonal()
+    assert (ratio <= 1 / (1 - 0.2 / 2) + 1e-9).all()
+
+
+@pytest.mark.slow
+def test_qlsd_plus_plus_with_partial_participation_matches_the_posterior():
+    # QLSD++ (s = 2^4, snapshots every 10 iterations, memory), minibatches of 5, each client present with
+    # probability 0.5: g is an unbiased estimate of grad U and U is quadratic, so the stationary mean is the
+    # posterior mean exactly (checked with batch-means standard errors); every variance is inflated by at most
+    # the automatic step's budget, 1 / (1 - 0.1) for the discretisation times 1.1 for the gradient noise
+    x, y, clients, exact = anisotropic_problem()
+    mean, covariance = exact.posterior()
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        control_variate="svrg",
+        snapshot_every=10,
+        quantization_levels=2**4,
+        participation=0.5,
+        batch_size=5,
+        gradient_mode="traced",
+    )
+    pyro.set_rng_seed(0)
+    chains = run(kernel, (x, y), num_samples=6000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    se = torch.stack([batch_means_standard_error(c) for c in chains]).square().mean(0).sqrt() / 2
+    draws_mean = chains.mean(1).mean(0)
+    assert ((draws_mean - mean).abs() <= Z * se).all(), (draws_mean, mean, se)
+    ratio = torch.stack([c.var(0) for c in chains]).mean(0) / covariance.diagonal()
+    # the sample variance of 24000 correlated draws: a few percent of Monte Carlo error on top
+    assert (ratio >= 0.85).all() and (ratio <= 1 / 0.9 * 1.1 + 0.15).all(), ratio
+    assert kernel.current_memory_rate() == pytest.approx(1 / (StochasticQuantizer(16).omega(3) + 1))
+
+
+def test_bits_participation_and_snapshots_are_counted():
+    x, y, clients, _ = anisotropic_problem()
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        step_size=1e-5,
+        control_variate="svrg",
+        snapshot_every=4,
+        quantization_levels=2**4,
+        participation=0.5,
+        gradient_mode="traced",
+    )
+    pyro.set_rng_seed(0)
+    mcmc = run(kernel, (x, y), num_samples=20, warmup=0)
+    stats = kernel.sample_stats()
+    active = stats["active_clients"]
+    assert ((0 <= active) & (active <= 3)).all() and 0 < active.sum() < 60
+    message = StochasticQuantizer(2**4).bits(3)
+    # each iteration's cost rounded to whole bits, then accumulated
+    np.testing.assert_array_equal(stats["uploaded_bits"], np.cumsum(np.rint(active * message)))
+    # theta to every active client, and to all 3 clients after iterations 3, 7, 11, ... (snapshots)
+    snapshots = (np.arange(1, 21) % 4 == 0).astype(int)
+    np.testing.assert_array_equal(stats["snapshot"], snapshots.astype(bool))
+    downloaded = np.cumsum(active * 32 * 3 + snapshots * 32 * 3 * 3)
+    np.testing.assert_array_equal(stats["downloaded_bits"], downloaded)
+    assert mcmc.diagnostics()["uploaded bits"] == {"chain 0": int(stats["uploaded_bits"][-1])}
+    assert kernel.logging()["Mbits down"] == f"{downloaded[-1] / 1e6:.3g}"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"quantization_levels": 0}, "quantization_levels must be a positive integer"),
+        ({"participation": 0.0}, r"participation must be a number in \(0, 1\]"),
+        ({"participation": 1.5}, r"participation must be a number in \(0, 1\]"),
+        ({"control_variate": "svrg"}, "needs snapshot_every"),
+        ({"control_variate": "saga"}, "control_variate must be one of"),
+        ({"memory_rate": 2.0}, r"memory_rate must be in \[0, 1\]"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        QlsdKernel(gaussian_regression(NOISE_SD), **kwargs)
+
+
+def test_fixed_point_of_the_wrong_shape_is_refused_and_a_given_one_is_used():
+    x, y, clients, exact = anisotropic_problem()
+    bad = QlsdKernel(
+        gaussian_regression(NOISE_SD), clients, control_variate="fixed_point", fixed_point=torch.zeros(2)
+    )
+    with pytest.raises(ValueError, match=r"fixed_point has shape \(2,\); the model has 3 unconstrained"):
+        run(bad, (x, y), num_samples=2, warmup=0)
+    point = exact.posterior()[0]
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        step_size=1e-4,
+        control_variate="fixed_point",
+        fixed_point=point,
+        gradient_mode="traced",
+    )
+    run(kernel, (x, y), num_samples=2, warmup=0)
+    torch.testing.assert_close(kernel._state[2], point.expand(1, 3))
+    assert math.isclose(kernel.current_step_size, 1e-4)
