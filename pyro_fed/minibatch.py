@@ -1,6 +1,7 @@
 """Per-client minibatches for a chunk of iterations, drawn without replacement on the device.
 
-Client ``i`` (``N_i`` points, minibatch size ``n_i = min(batch_size, N_i)``) walks through random
+Client ``i`` (``N_i`` points, minibatch size ``n_i = min(batch_size, N_i)``, or
+``n_i = max(1, ⌊batch_size · N_i⌋)`` for a fraction ``0 < batch_size < 1``) walks through random
 permutations of its data, ``n_i`` points at a time, ``m_i = ⌊N_i / n_i⌋`` minibatches per permutation (a
 local epoch, as a data loader with ``drop_last``). Every chunk of ``K`` iterations starts fresh epochs:
 iteration ``k`` of the chunk uses slot ``k mod m_i`` of epoch ``⌊k / m_i⌋``. Every minibatch is therefore
@@ -27,7 +28,8 @@ class MinibatchSampler:
     """Draws the minibatch indices of every client of every chain for ``K`` iterations at once.
 
     :param client_indices: one LongTensor of data indices per client (``b`` of them).
-    :param int batch_size: requested minibatch size (clients with fewer points use all of them).
+    :param batch_size: requested minibatch size (clients with fewer points use all of them), or a fraction
+        in ``(0, 1)`` of each client's data (at least one point).
     :param int chunk_size: iterations per chunk ``K``.
     :param int num_chains: independent copies of the clients (chains), each with its own minibatches.
     :param rng: randomness (the device generator draws the sort keys).
@@ -40,7 +42,7 @@ class MinibatchSampler:
     def __init__(
         self,
         client_indices: Sequence[torch.Tensor],
-        batch_size: int,
+        batch_size: int | float,
         *,
         chunk_size: int,
         num_chains: int = 1,
@@ -50,7 +52,10 @@ class MinibatchSampler:
         self.rng = rng
         device = rng.device
         table, sizes = pad_indices(client_indices, device)  # [b, N_max], [b]
-        batch = sizes.clamp(max=batch_size)  # n_i
+        if isinstance(batch_size, float):
+            batch = (batch_size * sizes).floor().long().clamp(min=1)  # n_i
+        else:
+            batch = sizes.clamp(max=batch_size)
         per_epoch = sizes // batch  # m_i minibatches per permutation
         shuffled = batch < sizes  # the others use all their data every time and draw nothing
         epochs = torch.where(shuffled, (chunk_size + per_epoch - 1) // per_epoch, 1)  # per chunk

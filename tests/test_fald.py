@@ -215,8 +215,9 @@ def test_non_finite_steps_are_reverted_and_counted():
         ({"step_size": 1e-3, "comm_prob": 1.5}, r"comm_prob must be a number in \(0, 1\]"),
         ({"step_size": 1e-3, "noise_corr": -0.1}, r"noise_corr must be a number in \[0, 1\]"),
         ({"step_size": 1e-3, "noise_corr": 2}, r"noise_corr must be a number in \[0, 1\]"),
-        ({"step_size": 1e-3, "batch_size": 0}, "batch_size must be a positive integer or None"),
-        ({"step_size": 1e-3, "batch_size": 2.5}, "batch_size must be a positive integer or None"),
+        ({"step_size": 1e-3, "batch_size": 0}, "batch_size must be a positive integer"),
+        ({"step_size": 1e-3, "batch_size": 2.5}, "batch_size must be a positive integer"),
+        ({"step_size": 1e-3, "batch_size": 1.0}, r"a fraction in \(0, 1\) of each client's data"),
         ({"step_size": 1e-3, "gradient_mode": "jit"}, "gradient_mode='jit': use one of"),
     ],
 )

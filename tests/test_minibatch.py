@@ -81,3 +81,16 @@ def test_same_seed_same_batches_and_chains_differ():
         assert torch.equal(first, b())
         assert first.shape == (6, 6, 3)  # [K, C·b, n]
         assert not torch.equal(first[:, :2], first[:, 3:5])  # chain 1's clients draw their own batches
+
+
+def test_batch_size_as_a_fraction_of_each_client():
+    # 0.3 of each client: n_i = floor(0.3 N_i) = 3, 2, then 0 -> at least 1
+    batches = sampler(batch_size=0.3)
+    assert batches.batch_sizes == [3, 2, 1]
+    indices = batches()
+    torch.testing.assert_close(
+        batches.datum_weights[:, 0], torch.tensor([10 / 3, 7 / 2, 3.0], dtype=torch.float64)
+    )
+    assert (batches.datum_weights[1, 2:] == 0).all() and (batches.datum_weights[2, 1:] == 0).all()
+    # client 2 draws one of its 3 points at a time, each epoch visiting all of them
+    assert sorted(indices[0:3, 2, 0].tolist()) == [17, 18, 19]

@@ -49,3 +49,15 @@ def check_preconditioner(value):
         f"preconditioner must be None (adapted with an automatic step size), 'adapt', or a 1-D tensor of "
         f"positive finite numbers (the inverse mass of each unconstrained coordinate); got {value!r}."
     )
+
+
+def check_batch_size(value) -> int | float | None:
+    """``None`` (full local data), a positive integer, or a fraction in ``(0, 1)``."""
+    if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+        return None if value is None else int(value)
+    if isinstance(value, float) and 0 < value < 1:
+        return value
+    raise ValueError(
+        "batch_size must be a positive integer (points per client and iteration), a fraction in (0, 1) of "
+        f"each client's data, or None (full local data); got {value!r}."
+    )

@@ -21,7 +21,7 @@ from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
 from ..potential import FederatedPotential
 from . import warmup
-from .arguments import check_positive, check_positive_int, check_preconditioner
+from .arguments import check_batch_size, check_positive, check_positive_int, check_preconditioner
 from .draws import DrawBuffer
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
@@ -80,7 +80,8 @@ class FederatedKernel(MCMCKernel):
         adapted when ``step_size`` is automatic, none — the identity — when the user gives ``step_size``, so
         that a given step keeps its meaning in the model's unconstrained units), ``"adapt"`` (adapted, also
         with a given ``step_size``) or a tensor of ``d`` positive numbers (fixed).
-    :param int batch_size: minibatch size per client (``None``: the full local data).
+    :param batch_size: minibatch size per client (``None``: the full local data), or a fraction in
+        ``(0, 1)`` of each client's data (``0.1``: :math:`n_i = \\lfloor N_i / 10 \\rfloor`, at least 1).
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
@@ -109,7 +110,7 @@ class FederatedKernel(MCMCKernel):
         *,
         step_size: float | None = None,
         preconditioner=None,
-        batch_size: int | None = None,
+        batch_size: int | float | None = None,
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable | None = None,
@@ -125,7 +126,7 @@ class FederatedKernel(MCMCKernel):
         #: what the warm-up chose (:class:`~pyro_fed.algorithms.adaptation.Adaptation`), or ``None`` when the
         #: user gave everything
         self.adaptation = None
-        self.batch_size = check_positive_int("batch_size", batch_size, "full local data")
+        self.batch_size = check_batch_size(batch_size)
         self.thinning = check_positive_int("thinning", thinning)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.prior_weights = prior_weights
@@ -222,7 +223,9 @@ class FederatedKernel(MCMCKernel):
         seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
         self.rng = Randomness(seed, pot.device)
         self.network = InProcessNetwork(pot.num_clients, pot.dim, num_chains)
-        self.full_local_batches = self.batch_size is None or self.batch_size >= int(pot.client_sizes.max())
+        largest = int(pot.client_sizes.max())
+        batch = self.batch_size if not isinstance(self.batch_size, float) else int(self.batch_size * largest)
+        self.full_local_batches = self.batch_size is None or batch >= largest
         self._chain, self._served, self._computed = 0, 0, 0
         self._iterations_needed = (
             None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * self.thinning
@@ -239,7 +242,7 @@ class FederatedKernel(MCMCKernel):
         self._state = tuple(self.init_state(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
         # (noise, quantisation)
-        per_iteration = num_chains * pot.num_clients * (2 * (self.batch_size or 0) + pot.dim)
+        per_iteration = num_chains * pot.num_clients * (2 * (batch or 0) + pot.dim)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // self.thinning)
         self._chunk = draws_per_chunk * self.thinning
