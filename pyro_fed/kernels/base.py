@@ -28,9 +28,9 @@ from .draws import DrawBuffer
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
 MAX_CHUNK_ELEMENTS = 2**27
 #: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
-#: projected to take longer than this (seconds): a compilation takes about a second (tens of seconds the
-#: first time on a machine) and then makes iterations several (up to 20) times faster
-AUTO_COMPILE_SECONDS = 10.0
+#: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times
+#: faster, but takes from about a second (a graph TorchInductor has cached) to 20 s (a new one)
+AUTO_COMPILE_SECONDS = 20.0
 #: fraction of diverging draws after warm-up above which a chain's end warns
 DIVERGING_WARNING = 0.01
 #: a step that moves a chain's draw farther than this many preconditioner scales (:math:`\sqrt{m_k}`, the
