@@ -79,10 +79,13 @@ def pad_batches(
 def make_prior_weights(
     prior_weights: str | torch.Tensor, client_sizes: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The prior weights :math:`\\varpi^i`: ``"proportional"`` (:math:`N_i/N`), ``"uniform"`` (``1/b``) or
-    a user's tensor of ``b`` non-negative weights summing to one (checked)."""
+    """The prior weights :math:`\\varpi^i`: ``"proportional"`` (:math:`N_i/N`), ``"uniform"`` (``1/b``),
+    ``"server"`` (all 0: the server holds the prior) or a user's tensor of ``b`` non-negative weights summing
+    to one (checked)."""
     b, device = len(client_sizes), client_sizes.device
     if isinstance(prior_weights, str):
+        if prior_weights == "server":
+            return torch.zeros(b, dtype=dtype, device=device)
         if prior_weights == "proportional":
             return client_sizes.to(dtype) / client_sizes.sum()
         if prior_weights == "uniform":

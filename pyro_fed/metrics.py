@@ -30,8 +30,7 @@ def draw_potentials(potential: FederatedPotential, samples: dict[str, torch.Tens
     unconstrained = {name: transforms[name](value) for name, value in samples.items() if name in transforms}
     k = next(iter(unconstrained.values())).shape[0]
     flat = torch.cat([unconstrained[s.name].reshape(k, -1) for s in potential.latent_sites], -1)
-    points = flat[:, None, :].expand(-1, potential.num_clients, -1).contiguous()
-    return potential.gradients.full_potential_fn(points).sum(-1)
+    return potential.total_potentials(flat)
 
 
 def hpd_level(potentials: torch.Tensor, alpha: float = 0.05) -> float:

@@ -98,6 +98,9 @@ class FederatedPotential:
         self.num_clients = len(self.client_indices)
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
         self.prior_weights = make_prior_weights(prior_weights, self.client_sizes, self.dtype)
+        #: whether the server holds the prior (``prior_weights="server"``): the clients' potentials are then
+        #: their likelihoods alone, and :math:`U = U^0 + \\sum_i U^i`
+        self.prior_on_server = isinstance(prior_weights, str) and prior_weights == "server"
         self.gradients = ClientGradients(self.sites, self.space, self.client_indices, self.prior_weights)
         self.gradients.check_vectorizable(self._initial_flat)
         if not self.gradients.vectorized:
@@ -179,8 +182,31 @@ class FederatedPotential:
         return self.gradients.full_potential_fn(points).reshape(shape[:-1])
 
     def potential(self, point: torch.Tensor) -> torch.Tensor:
-        """The full-data potential :math:`U(x) = \\sum_i U^i(x)` at one point ``[d]``."""
-        return self.client_potentials(point).sum()
+        """The full-data potential :math:`U(x) = \\sum_i U^i(x)` at one point ``[d]`` (plus :math:`U^0` when
+        the server holds the prior)."""
+        return self.total_potentials(point[None])[0]
+
+    def total_potentials(self, points: torch.Tensor) -> torch.Tensor:
+        """:math:`U` at each of ``m`` points ``[m, d]``: ``[m]``."""
+        clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
+        return self.gradients.full_potential_fn(clients).sum(-1) + self.server_prior(points, gradient=False)
+
+    def total_gradient(self, points: torch.Tensor) -> torch.Tensor:
+        """:math:`\\nabla U` at each of ``m`` points ``[m, d]`` (untraced, differentiable by
+        :func:`torch.func.jvp`): ``[m, d]``."""
+        clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
+        return self.full_gradient_fn(clients).sum(1) + self.server_prior(points, gradient=True)
+
+    def server_prior(self, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
+        """The server's share of the potential at ``m`` points ``[m, d]``: :math:`U^0` (``[m]``) or its
+        gradient (``[m, d]``) when the server holds the prior, zeros otherwise."""
+        m = points.shape[0]
+        if not self.prior_on_server:
+            return points.new_zeros(points.shape if gradient else (m,))
+        # the client potential with no datum (weight 0) and the whole prior (weight 1)
+        index = torch.zeros(m, 1, dtype=torch.long, device=points.device)
+        args = (points, index, points.new_zeros(m, 1), points.new_ones(m))
+        return (self.gradients.gradient_fn if gradient else self.gradients.potential_fn)(*args)
 
     def _client_points(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
         """Points as ``[m, b, d]`` (contiguous: compiled functions expect their example's strides), and the
@@ -192,9 +218,8 @@ class FederatedPotential:
     def check_initial_points(self, points: torch.Tensor) -> None:
         """Refuse initial points (``[C, d]``) where the potential or its gradient is not finite, naming the
         site: a sampler started there would never move (every step reverted) or go astray silently."""
-        clients = points[:, None, :].expand(-1, self.num_clients, -1)
-        finite = self.gradients.full_potential_fn(clients).sum(-1).isfinite()
-        grads = self.full_gradient_fn(clients).sum(1)
+        finite = self.total_potentials(points).isfinite()
+        grads = self.total_gradient(points)
         if bool(finite.all()) and bool(grads.isfinite().all()):
             return
         chain = int((~finite | ~grads.isfinite().all(-1)).nonzero()[0])

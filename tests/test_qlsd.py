@@ -9,7 +9,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_fed import QlsdKernel
+from pyro_fed import FaldKernel, QlsdKernel
 from pyro_fed.algorithms import qlsd
 from pyro_fed.communication import InProcessNetwork
 from pyro_fed.compression import Compressor, StochasticQuantizer
@@ -235,3 +235,27 @@ def test_fixed_point_of_the_wrong_shape_is_refused_and_a_given_one_is_used():
     run(kernel, (x, y), num_samples=2, warmup=0)
     torch.testing.assert_close(kernel._state[2], point.expand(1, 3))
     assert math.isclose(kernel.current_step_size, 1e-4)
+
+
+def test_prior_on_the_server_gives_the_same_chain():
+    # sum_i varpi^i grad U^0 = grad U^0: keeping the prior on the server (clients with varpi^i = 0, the
+    # server adding grad U^0 itself) changes nothing in LSD's estimate, its mode or its curvature, so the
+    # same seed gives the same draws, to rounding
+    x, y, clients, _ = anisotropic_problem()
+    draws = []
+    for on_server in (False, True):
+        kernel = QlsdKernel(
+            gaussian_regression(NOISE_SD), clients, prior_on_server=on_server, gradient_mode="traced"
+        )
+        pyro.set_rng_seed(0)
+        draws.append(run(kernel, (x, y), num_samples=50, warmup=10).get_samples()["w"])
+        assert kernel.potential.prior_on_server == on_server
+    torch.testing.assert_close(draws[1], draws[0], rtol=0, atol=1e-8)
+    assert not torch.equal(draws[0][0], draws[0][1])
+
+
+def test_prior_on_the_server_needs_a_server():
+    with pytest.raises(ValueError, match="FaldKernel has no server step to add the prior to"):
+        FaldKernel(gaussian_regression(NOISE_SD), prior_weights="server")
+    with pytest.raises(ValueError, match="leave prior_weights out"):
+        QlsdKernel(gaussian_regression(NOISE_SD), prior_on_server=True, prior_weights="uniform")

@@ -93,6 +93,7 @@ def step(
     step_size: torch.Tensor,
     memory_rate: float,
     control_variate: str | None,
+    server_gradient: torch.Tensor | None = None,
 ) -> QlsdState:
     """One QLSD iteration.
 
@@ -104,13 +105,17 @@ def step(
     :param step_size: :math:`\\gamma` (a tensor: a scalar or per coordinate).
     :param float memory_rate: :math:`\\alpha`.
     :param control_variate: ``None``, ``"fixed_point"`` or ``"svrg"``.
+    :param server_gradient: :math:`\\nabla U^0(\\theta)`, ``[C, d]``, when the server holds the prior.
     """
     uploads = compressor.compress(
         estimates(state, gradients, control_variate, network) - state.memory, uniforms
     )
     uploads = torch.where(active[..., None], uploads, torch.zeros_like(uploads))
+    estimate = aggregate(uploads, active, state.memory)
+    if server_gradient is not None:
+        estimate = estimate + server_gradient
     return state._replace(
-        server=langevin_step(state.server, aggregate(uploads, active, state.memory), step_size, noise),
+        server=langevin_step(state.server, estimate, step_size, noise),
         memory=state.memory + memory_rate * uploads,
     )
 

@@ -129,6 +129,16 @@ class FederatedKernel(MCMCKernel):
         self.batch_size = check_batch_size(batch_size)
         self.thinning = check_positive_int("thinning", thinning)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        if (
+            isinstance(prior_weights, str)
+            and prior_weights == "server"
+            and not getattr(self, "server_step", False)
+        ):
+            raise ValueError(
+                f"prior_weights='server': {type(self).__name__} has no server step to add the prior to: "
+                "split it among the clients ('proportional', 'uniform' or a tensor), or use "
+                "QlsdKernel(prior_on_server=True)."
+            )
         self.prior_weights = prior_weights
         self.plate = plate
         self.init_strategy = init_strategy

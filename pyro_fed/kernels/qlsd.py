@@ -7,9 +7,10 @@ import math
 import numpy as np
 import torch
 
-from ..algorithms import adaptation, qlsd
+from ..algorithms import qlsd
 from ..communication import BITS_PER_FLOAT
 from ..compression import compressor
+from . import warmup
 from .arguments import check_positive_int, check_probability
 from .base import FederatedKernel
 
@@ -59,6 +60,10 @@ class QlsdKernel(FederatedKernel):
     :param float participation: :math:`p \in (0, 1]`, each client's probability of taking part.
     :param fixed_point: :math:`\theta_\star` for ``"fixed_point"``, as a flat unconstrained tensor ``[d]``
         (default: the mode of the potential, found by L-BFGS before sampling).
+    :param bool prior_on_server: keep the prior (and the Jacobian of the unconstrained transforms) on the
+        server: the clients' estimates are of their likelihoods alone (:math:`\varpi^i = 0`) and the server
+        adds the exact :math:`\nabla U^0(\theta)` to :math:`g`. Default ``False``: the prior is split by
+        ``prior_weights``, as in the other kernels.
 
     The other arguments are those of :class:`~pyro_fed.FederatedKernel`. The automatic step size is chosen
     for the server's step on the full potential, with the gradient noise of this estimator (minibatches,
@@ -80,8 +85,16 @@ class QlsdKernel(FederatedKernel):
         memory_rate: float | None = None,
         participation: float = 1.0,
         fixed_point: torch.Tensor | None = None,
+        prior_on_server: bool = False,
         **kwargs,
     ):
+        if prior_on_server:
+            if "prior_weights" in kwargs:
+                raise ValueError(
+                    "prior_on_server=True keeps the whole prior on the server: leave prior_weights out."
+                )
+            kwargs["prior_weights"] = "server"
+        self.prior_on_server = bool(prior_on_server)
         super().__init__(model, clients, **kwargs)
         self.compressor = compressor(quantization_levels)
         self.quantization_levels = quantization_levels
@@ -138,11 +151,7 @@ class QlsdKernel(FederatedKernel):
             return self.fixed_point
         if self.adaptation is not None:
             return self.adaptation.mode
-        mode, evaluations = adaptation.find_mode(
-            lambda x: pot.client_potentials(x).sum(),
-            lambda x: pot.full_client_grads(x).sum(0),
-            pot.initial_flat,
-        )
+        mode, evaluations = warmup.find_mode(pot, pot.initial_flat)
         num_chains = self.plan.num_chains
         no_round = np.zeros((1, num_chains), dtype=bool)
         self.network.record(*self.network.averages_traffic(np.full((1, num_chains), evaluations)), no_round)
@@ -169,6 +178,8 @@ class QlsdKernel(FederatedKernel):
 
     def step(self, state, gradients, inputs, step_size):
         noise, active, *uniforms = inputs
+        pot = self.potential
+        prior = pot.server_prior(state.server, gradient=True) if pot.prior_on_server else None
         return qlsd.step(
             state,
             gradients,
@@ -180,6 +191,7 @@ class QlsdKernel(FederatedKernel):
             step_size=step_size,
             memory_rate=self._memory_rate,
             control_variate=self.control_variate,
+            server_gradient=prior,
         )
 
     def position(self, state):

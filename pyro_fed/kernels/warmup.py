@@ -22,16 +22,16 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
     pot = kernel.potential
     b = pot.num_clients
 
-    def potential(x: torch.Tensor) -> torch.Tensor:
-        return pot.client_potentials(x).sum()
-
-    def gradient(x: torch.Tensor) -> torch.Tensor:
-        return pot.full_client_grads(x).sum(0)
-
-    mode, rounds = adaptation.find_mode(potential, gradient, start)
+    mode, rounds = find_mode(pot, start)
     diagonals = adaptation.client_hessian_diagonals(pot.full_gradient_fn, mode, b)
     rounds += 1  # each client uploads its diagonal
     curvature = diagonals.sum(0)
+    if pot.prior_on_server:  # the server's own share of the curvature
+
+        def prior_gradient(points: torch.Tensor) -> torch.Tensor:
+            return pot.server_prior(points.reshape(-1, pot.dim), gradient=True).reshape(points.shape)
+
+        curvature = curvature + adaptation.client_hessian_diagonals(prior_gradient, mode, 1)[0]
     if isinstance(kernel.preconditioner, torch.Tensor):
         inverse_mass = kernel.preconditioner.to(pot.device, pot.dtype)
     elif kernel.preconditioner == "adapt" or kernel.step_size is None:
@@ -42,7 +42,7 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
     if getattr(kernel, "server_step", False):
         # the server steps on the whole potential: the stiffness of the sum of the clients' Hessians
         def total_gradient(points: torch.Tensor) -> torch.Tensor:
-            return pot.full_gradient_fn(points.expand(-1, b, -1)).sum(1, keepdim=True)
+            return pot.total_gradient(points[:, 0])[:, None]
 
         stiffness = float(adaptation.client_stiffness(total_gradient, mode, scales, 1)[0])
         clients_per_step = 1
@@ -62,6 +62,17 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
     uploads = np.full((1, num_chains), rounds)
     kernel.network.record(*kernel.network.averages_traffic(uploads), np.zeros((1, num_chains), dtype=bool))
     return adaptation.Adaptation(step, inverse_mass, mode, curvature, stiffness, noise, rounds)
+
+
+def find_mode(pot, start: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The mode of the potential ``pot`` by L-BFGS from ``start`` (see
+    :func:`~pyro_fed.algorithms.adaptation.find_mode`), and the number of evaluations (rounds of uploads of
+    every client's gradient and potential)."""
+
+    def gradient(x: torch.Tensor) -> torch.Tensor:
+        return pot.full_client_grads(x).sum(0) + pot.server_prior(x[None], gradient=True)[0]
+
+    return adaptation.find_mode(pot.potential, gradient, start)
 
 
 def _minibatch_gradients(kernel, seed: int):
