@@ -7,7 +7,7 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_fed
-from pyro_fed import FaldKernel, VrFaldKernel
+from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
 
 from .models import logistic_model
 
@@ -73,3 +73,24 @@ def test_defaults_and_the_readme_setting_under_the_cuda_default_device(cuda_defa
         assert kernel.adaptation.preconditioner.is_cuda
         idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
         assert idata.posterior["w"].shape == (2, 64, 4)
+
+
+def test_qlsd_plus_plus_under_the_cuda_default_device(cuda_default):
+    x, y = pyro_fed.datasets.titanic()
+    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    pyro.set_rng_seed(0)
+    kernel = QlsdKernel(
+        logistic_model,
+        clients,
+        quantization_levels=2**4,
+        control_variate="svrg",
+        snapshot_every=20,
+        participation=0.5,
+        batch_size=0.1,
+        prior_on_server=True,
+    )
+    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()["w"]
+    assert samples.is_cuda and torch.isfinite(samples).all()
+    assert kernel.diagnostics()["uploaded bits"] > 0
