@@ -1,15 +1,18 @@
 """pyro_fed: federated Langevin samplers as Pyro MCMC kernels, with ArviZ output."""
 
-from . import datasets, partition, testing
+from . import datasets, graphs, partition, testing
 from .arviz import to_inference_data
-from .kernels import FaldKernel, FederatedKernel, QlsdKernel, VrFaldKernel
+from .kernels import DulaKernel, FaldKernel, FederatedKernel, QlsdKernel, SgldKernel, VrFaldKernel
 from .potential import FederatedPotential
 
 __all__ = [
+    "DulaKernel",
+    "SgldKernel",
     "FaldKernel",
     "FederatedKernel",
     "FederatedPotential",
     "datasets",
+    "graphs",
     "partition",
     "QlsdKernel",
     "testing",

@@ -2,10 +2,11 @@
 
 from . import chains
 from .base import FederatedKernel
+from .dula import DulaKernel, SgldKernel
 from .fald import FaldKernel
 from .qlsd import QlsdKernel
 from .vr_fald import VrFaldKernel
 
 chains.install()
 
-__all__ = ["FaldKernel", "FederatedKernel", "QlsdKernel", "VrFaldKernel"]
+__all__ = ["DulaKernel", "FaldKernel", "FederatedKernel", "QlsdKernel", "SgldKernel", "VrFaldKernel"]

@@ -299,6 +299,11 @@ class FederatedKernel(MCMCKernel):
         """The step size :math:`\\gamma` of the current run: the user's, or the one the warm-up chose."""
         return self.adaptation.step_size if self.adaptation is not None else self.step_size
 
+    def chosen_step(self, client_step: float) -> float:
+        """The kernel's ``step_size`` from the adaptation's step (a client's, or the server's): the same by
+        default."""
+        return client_step
+
     def measures_noise(self) -> bool:
         """Whether the gradient estimates are random (the warm-up then measures their noise)."""
         return not self.full_local_batches

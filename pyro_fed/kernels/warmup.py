@@ -57,7 +57,7 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
         rounds += 1  # each client uploads its variance
     step = kernel.step_size
     if step is None:
-        step = adaptation.step_size(stiffness, noise, clients_per_step)
+        step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
     num_chains = kernel.plan.num_chains
     uploads = np.full((1, num_chains), rounds)
     kernel.network.record(*kernel.network.averages_traffic(uploads), np.zeros((1, num_chains), dtype=bool))

@@ -1,0 +1,114 @@
+"""D-ULA and SGLD: the average is exact ULA on a complete graph, moments on a ring with decaying steps,
+bits along the edges, the step-size condition, and SGLD as the one-agent case."""
+
+import warnings
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import DulaKernel, SgldKernel
+from pyro_fed.algorithms import dula
+from pyro_fed.graphs import make_graph
+from pyro_fed.testing import batch_means_standard_error
+
+from .models import gaussian_regression
+from .test_adaptation import NOISE_SD, anisotropic_problem
+
+Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+
+
+def run(kernel, args, num_samples, warmup=200, num_chains=1):
+    mcmc = MCMC(
+        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
+    )
+    mcmc.run(*args)
+    return mcmc
+
+
+def test_the_average_takes_an_exact_ula_step_with_the_same_noise():
+    # 1^T L = 0: for any graph and beta, w_bar' = w_bar - alpha sum_i grad U_i(w_i) + sqrt(2 alpha) v_bar,
+    # v_bar = mean_i sqrt(n) Z_i ~ N(0, I): at consensus (w_i = w_bar) this is centralized ULA, same noise
+    _, _, _, exact = anisotropic_problem(num_clients=4)
+    n = 4
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(2, n, 3, generator=g)
+    alpha = torch.tensor(1e-3)
+    for graph, start in (
+        (make_graph("ring", n), torch.randn(2, n, 3, generator=g)),
+        (make_graph("complete", n), torch.randn(2, 1, 3, generator=g).expand(2, n, 3)),
+    ):
+        new = dula.step(dula.DulaState(start), exact.gradients, noise, graph, alpha, torch.tensor(0.3))
+        grads = exact.gradients(start).sum(1)
+        expected = start.mean(1) - alpha * grads + (2 * alpha).sqrt() * (n**0.5 * noise).mean(1)
+        torch.testing.assert_close(dula.position(new), expected)
+    # at consensus the agents' gradients sum to the full one at the average: the ULA step on U exactly
+    full = exact.gradients(start.mean(1)[:, None, :].expand(-1, n, -1)).sum(1)
+    torch.testing.assert_close(grads, full)
+    # the decaying steps
+    alpha_k, beta_k = dula.step_sizes(
+        torch.tensor(3.0), 0.2, 0.5, step_decay=0.55, consensus_decay=0.05, step_offset=230
+    )
+    assert float(alpha_k) == pytest.approx(0.2 / 234**0.55) and float(beta_k) == pytest.approx(0.5 / 4**0.05)
+
+
+@pytest.mark.slow
+def test_ring_with_decaying_steps_matches_the_posterior():
+    # 3 agents on a ring, full local batches, automatic a, the default decays with k_0 = 2000: over the run
+    # the step shrinks 2.2-fold from a stable first step (a shrinking step mixes ever more slowly: the offset
+    # keeps the run's ESS useful). Mean within batch-means standard errors (a Gaussian target: the mean is
+    # exact for any step); variances within the first step's 11% budget plus ~15% of Monte Carlo error
+    x, y, clients, exact = anisotropic_problem()
+    mean, covariance = exact.posterior()
+    kernel = DulaKernel(gaussian_regression(NOISE_SD), clients, step_offset=2000, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    chains = run(kernel, (x, y), num_samples=6000, warmup=500, num_chains=4).get_samples(group_by_chain=True)[
+        "w"
+    ]
+    se = torch.stack([batch_means_standard_error(c) for c in chains]).square().mean(0).sqrt() / 2
+    assert ((chains.mean(1).mean(0) - mean).abs() <= Z * se).all()
+    ratio = torch.stack([c.var(0) for c in chains]).mean(0) / covariance.diagonal()
+    assert (ratio >= 0.85).all() and (ratio <= 1.11 + 0.15).all(), ratio
+    stats = kernel.sample_stats()
+    assert (stats["consensus_error"] >= 0).all()
+
+
+def test_bits_along_the_edges_and_consensus_statistics():
+    x, y, clients, _ = anisotropic_problem()
+    kernel = DulaKernel(gaussian_regression(NOISE_SD), clients, graph="path", gradient_mode="traced")
+    mcmc = run(kernel, (x, y), num_samples=10, warmup=0)
+    stats = kernel.sample_stats()
+    # a path of 3 agents has 4 directed edges; d = 3 floats each, every iteration
+    per_iteration = 32 * 3 * 4
+    np.testing.assert_array_equal(
+        stats["uploaded_bits"] - stats["uploaded_bits"][0], per_iteration * np.arange(10)
+    )
+    np.testing.assert_array_equal(stats["downloaded_bits"], stats["uploaded_bits"])
+    assert stats["consensus_error"].shape == (10,)
+    assert kernel.graph.lambda_max == pytest.approx(3.0)
+    assert mcmc.diagnostics()["divergences"] == {"chain 0": []}
+
+
+def test_step_size_condition_warns_and_bad_arguments():
+    with pytest.warns(UserWarning, match="needs 1/2 \\+ consensus_decay < step_decay < 1"):
+        DulaKernel(gaussian_regression(NOISE_SD), step_decay=0.5, consensus_decay=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DulaKernel(gaussian_regression(NOISE_SD))
+    with pytest.raises(ValueError, match=r"step_decay must be a number in \[0, 1\)"):
+        DulaKernel(gaussian_regression(NOISE_SD), step_decay=1.2)
+    with pytest.raises(ValueError, match="SgldKernel is centralized"):
+        SgldKernel(gaussian_regression(NOISE_SD), graph="ring")
+
+
+def test_sgld_is_one_agent_ula():
+    x, y, _, exact = anisotropic_problem()
+    kernel = SgldKernel(gaussian_regression(NOISE_SD), gradient_mode="traced")
+    mcmc = run(kernel, (x, y), num_samples=20, warmup=10)
+    assert kernel.potential.num_clients == 1 and kernel.graph.directed_edges == 0
+    # the automatic step: a = rho / stiffness of the whole potential (one agent)
+    assert kernel.current_step_size == pytest.approx(0.2 / kernel.adaptation.stiffness)
+    assert mcmc.get_samples()["w"].shape == (20, 3)
+    assert kernel.diagnostics()["uploaded bits"] >= 0

@@ -1,0 +1,58 @@
+"""Graphs of agents: construction, validation, Laplacian, mixing and bits."""
+
+import math
+
+import pytest
+import torch
+
+from pyro_fed.graphs import Graph, make_graph
+
+
+def test_named_graphs_and_their_laplacians():
+    ring = make_graph("ring", 5)
+    # the 5-ring's Laplacian spectrum is 2 - 2 cos(2 pi k / 5): largest 2 + 2 cos(pi / 5) = 3.618
+    assert ring.lambda_max == pytest.approx(2 + 2 * math.cos(math.pi / 5))
+    assert ring.directed_edges == 10 and ring.exchange_bits(3) == 32 * 3 * 10
+    assert make_graph("complete", 4).lambda_max == pytest.approx(4.0)
+    assert make_graph("star", 4).directed_edges == 6 and make_graph("path", 4).directed_edges == 6
+    torch.testing.assert_close(ring.laplacian.sum(1), torch.zeros(5, dtype=torch.float64))
+    # a seeded Erdős–Rényi graph: the same graph for the same seed
+    assert torch.equal(
+        make_graph("erdos_renyi", 8, seed=3).adjacency, make_graph("erdos_renyi", 8, seed=3).adjacency
+    )
+    assert make_graph("complete", 1).lambda_max == 0.0
+
+
+def test_mixing_is_simultaneous():
+    graph = make_graph("path", 3)
+    w = torch.tensor([[0.0], [3.0], [6.0]], dtype=torch.float64)
+    # w_i - beta sum_j a_ij (w_i - w_j) with every agent's old value
+    mixed = graph.mix(w, 0.25)
+    torch.testing.assert_close(mixed, torch.tensor([[0.75], [3.0], [5.25]], dtype=torch.float64))
+    # the average is kept
+    assert mixed.mean() == pytest.approx(w.mean())
+
+
+@pytest.mark.parametrize(
+    "adjacency, match",
+    [
+        (torch.tensor([[0.0, 1.0], [0.0, 0.0]]), "must be symmetric"),
+        (torch.tensor([[1.0, 1.0], [1.0, 0.0]]), "zero diagonal"),
+        (torch.tensor([[0.0, -1.0], [-1.0, 0.0]]), "non-negative"),
+        (torch.ones(2, 3), r"square \[n, n\]"),
+        (
+            torch.tensor([[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]], dtype=torch.float64),
+            r"not connected: its components are \[\[0, 1\], \[2, 3\]\]",
+        ),
+    ],
+)
+def test_bad_graphs(adjacency, match):
+    with pytest.raises(ValueError, match=match):
+        Graph(adjacency)
+
+
+def test_bad_names_and_sizes():
+    with pytest.raises(ValueError, match="graph='grid': use one of"):
+        make_graph("grid", 4)
+    with pytest.raises(ValueError, match="the graph has 3 agents but there are 4 clients"):
+        make_graph(make_graph("ring", 3), 4)
