@@ -50,11 +50,11 @@ def to_inference_data(
     Groups:
 
     - ``posterior``: the constrained draws of every global latent site;
-    - ``sample_stats``: per draw, ``diverging`` (non-finite step, reverted), ``uploaded_bits``
-      (cumulative bits sent by clients, summed over clients, counted from the start of warm-up) and
-      the algorithm's own statistics (FALD: ``communicated``, whether the server averaged, and
-      ``dispersion`` :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`; VR-FALD⋆ also
-      ``refreshed``);
+    - ``sample_stats``: per draw, ``diverging`` (non-finite or exploded step, reverted), ``uploaded_bits``
+      and ``downloaded_bits`` (cumulative bits sent and received by clients, summed over clients, counted
+      from the start of warm-up) and the algorithm's own statistics (FALD: ``communicated``, whether the
+      server averaged, and ``dispersion`` :math:`V_k = \\frac1b \\sum_i \\|X^i_k - \\bar X_k\\|^2`;
+      VR-FALD⋆ also ``refreshed``; QLSD ``active_clients`` and ``snapshot``; D-ULA ``consensus_error``);
     - ``log_likelihood``: pointwise, ``chain × draw ×`` the observed site's batch shape (``× N`` for one
       datum per plate entry), the plain ``log_prob`` as :func:`arviz.from_pyro` gives it, for
       ``az.loo``/``az.waic``; the data an ``obs_mask`` marks missing are left out of this group, of

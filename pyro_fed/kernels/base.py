@@ -496,9 +496,11 @@ class FederatedKernel(MCMCKernel):
 
     def sample_stats(self) -> dict[str, np.ndarray]:
         """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
-        ``diverging`` (a step was reverted), ``uploaded_bits`` (cumulative, summed over clients, from the
-        start of warm-up), ``dispersion`` and the algorithm's coins (``communicated``, and VR-FALD⋆'s
-        ``refreshed``). With ``thinning > 1`` the flags say whether it happened in the draw's iterations."""
+        ``diverging`` (a step was reverted), ``uploaded_bits`` and ``downloaded_bits`` (cumulative, summed
+        over clients, from the start of warm-up, adaptation included), the algorithm's :meth:`statistics`
+        (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
+        VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
+        say whether it happened in the draw's iterations, the counts are summed over them."""
         return self._buffer.sample_stats(self._chain, self._warmup_steps, self._served)
 
     def diagnostics(self) -> dict:
