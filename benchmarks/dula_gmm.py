@@ -17,9 +17,10 @@ Samplers, with the paper's step sizes (given, no adaptation): :math:`\alpha_k = 
 
 Each runs ``--chains`` chains (one batch) of ``--iterations`` iterations from the prior median. At
 iterations :math:`K` of a geometric grid, the draws from :math:`K/10` to :math:`K` (all chains pooled) are
-binned on a 40 × 40 grid over the same box and compared with the exact posterior's bin masses by the total
-variation distance :math:`\tfrac12 \sum_{bins} |\hat p - p|` (a finite sample has a floor of its own: at
-most about :math:`\sqrt{\text{bins} / (2\pi\, \text{draws})}` for independent draws), and by the error of the
+binned on a 40 × 40 grid over the same box and compared with the exact posterior's bin masses by the
+Kullback–Leibler divergence :math:`\sum_{bins} \hat p \log(\hat p / p)` and the total variation distance
+:math:`\tfrac12 \sum_{bins} |\hat p - p|` (a finite sample has a floor of its own: for independent draws
+a TV of at most about :math:`\sqrt{\text{bins} / (2\pi\, \text{draws})}`), and by the error of the
 posterior mean in posterior sds. Bits: each agent sends 2 floats to each neighbour per iteration.
 
 Run::
@@ -126,9 +127,12 @@ def main(argv=None) -> None:
         curve = []
         for k in checkpoints:
             window = draws[:, k // 10 : k].reshape(-1, 2)
-            tv = 0.5 * np.abs(bin_masses(window) - exact_bins).sum()
+            masses = bin_masses(window)
+            tv = 0.5 * np.abs(masses - exact_bins).sum()
+            seen = masses > 0
+            kl = float((masses[seen] * np.log(masses[seen] / exact_bins[seen])).sum())
             mean_err = float(np.max(np.abs(window.mean(0) - mean) / sd))
-            curve.append({"iteration": k, "tv": float(tv), "mean_err": mean_err})
+            curve.append({"iteration": k, "tv": float(tv), "kl": kl, "mean_err": mean_err})
         curves[name] = curve
         bits = np.mean(list(mcmc.diagnostics()["uploaded bits"].values()))
         row = {
@@ -155,13 +159,13 @@ def write(rows, curves, args, chains, iterations) -> None:
         f"many independent exact draws would give a TV of at most about {floor:.3f}; correlated draws give "
         "more).",
         "",
-        "| sampler | TV at the end | max mean error (sds) | bits / iteration | s |",
-        "|---|---:|---:|---:|---:|",
+        "| sampler | TV at the end | KL at the end | max mean error (sds) | bits / iteration | s |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['sampler']} | {r['tv']:.3f} | {r['mean_err']:.3f} | {r['bits_per_iteration']:.0f} | "
-            f"{r['seconds']:.1f} |"
+            f"| {r['sampler']} | {r['tv']:.3f} | {r['kl']:.3f} | {r['mean_err']:.3f} | "
+            f"{r['bits_per_iteration']:.0f} | {r['seconds']:.1f} |"
         )
     lines += [
         "",
