@@ -73,6 +73,12 @@ class InProcessNetwork:
         bits = np.asarray(averaged, np.int64) * BITS_PER_FLOAT * self.dim * self.num_clients
         return bits, bits
 
+    def record_averages(self, count: int) -> None:
+        """Count ``count`` averages of ``d`` floats that every chain made outside its iterations (set-up
+        work: a mode search, curvatures, a first refresh); they are not rounds of the iterates."""
+        chains = len(self.uploaded_bits)
+        self.record(*self.averages_traffic(np.full((1, chains), count)), np.zeros((1, chains), dtype=bool))
+
     def record(
         self, uploaded: np.ndarray, downloaded: np.ndarray, rounds: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

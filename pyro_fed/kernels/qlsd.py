@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -152,9 +150,7 @@ class QlsdKernel(FederatedKernel):
         if self.adaptation is not None:
             return self.adaptation.mode
         mode, evaluations = warmup.find_mode(pot, pot.initial_flat)
-        num_chains = self.plan.num_chains
-        no_round = np.zeros((1, num_chains), dtype=bool)
-        self.network.record(*self.network.averages_traffic(np.full((1, num_chains), evaluations)), no_round)
+        self.network.record_averages(evaluations)
         return mode
 
     # ------------------------------------------------------------- iteration
@@ -226,9 +222,7 @@ class QlsdKernel(FederatedKernel):
         if self.control_variate is None:
             estimates = minibatch_gradients(mode[None])[:, 0]
         else:
-            signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
-            both = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
-            estimates = both[:, 0] - both[:, 1]
+            estimates = warmup.control_variate_error(minibatch_gradients, mode, scales, generator)
             if self.control_variate == "svrg":
                 estimates = estimates + self.potential.full_client_grads(mode)
         r, b, _ = estimates.shape

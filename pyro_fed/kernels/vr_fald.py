@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from ..algorithms import vr_fald
+from . import warmup
 from .arguments import check_probability
 from .fald import FaldKernel
 
@@ -51,18 +50,12 @@ class VrFaldKernel(FaldKernel):
     def init_state(self, positions):
         # the clients upload their full gradients at the initial point and the server broadcasts the
         # shift; counted as the two averages of a refresh, as the first draw's bits have always shown
-        num_chains = positions.shape[0]
-        no_round = np.zeros((1, num_chains), dtype=bool)
-        self.network.record(*self.network.averages_traffic(np.full((1, num_chains), 2)), no_round)
+        self.network.record_averages(2)
         return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
 
     def adaptation_noise(self, minibatch_gradients, mode, scales):
-        # the control variate's error: the same minibatch at a client point and at the reference point, a
-        # typical distance apart (two independent draws differ by about sqrt(2) posterior sds)
         generator = torch.Generator(device="cpu").manual_seed(0)
-        signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
-        grads = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
-        return grads[:, 0] - grads[:, 1]
+        return warmup.control_variate_error(minibatch_gradients, mode, scales, generator)
 
     def step(self, state, gradients, inputs, step_size):
         noise, communicate = inputs

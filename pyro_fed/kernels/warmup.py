@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 
 from ..algorithms import adaptation
@@ -58,10 +59,19 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
     step = kernel.step_size
     if step is None:
         step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
-    num_chains = kernel.plan.num_chains
-    uploads = np.full((1, num_chains), rounds)
-    kernel.network.record(*kernel.network.averages_traffic(uploads), np.zeros((1, num_chains), dtype=bool))
+    kernel.network.record_averages(rounds)
     return adaptation.Adaptation(step, inverse_mass, mode, curvature, stiffness, noise, rounds)
+
+
+def control_variate_error(
+    minibatch_gradients, mode: torch.Tensor, scales: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """``[R, b, d]`` draws of a control variate's error: the same minibatch at a typical client point and at
+    the reference point (the mode), a posterior spread apart — two independent draws differ by about
+    :math:`\\sqrt 2` posterior sds per coordinate — in a direction of random signs from ``generator``."""
+    signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
+    both = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
+    return both[:, 0] - both[:, 1]
 
 
 def find_mode(pot, start: torch.Tensor) -> tuple[torch.Tensor, int]:
