@@ -42,6 +42,22 @@ def preconditioned(clients: GaussianClients, inverse_mass: torch.Tensor) -> Gaus
     return GaussianClients(scales[:, None] * clients.precisions * scales, clients.means / scales)
 
 
+def check_chains_against_preconditioned_law(chains, law_y, inverse_mass):
+    """Independent chains (``[C, K, d]``) against the exact stationary law of a preconditioned recursion,
+    computed in ``y = x / sqrt(m)`` and mapped back: the mean and covariance of the chains against the law's,
+    with the law's exact standard errors divided by ``sqrt(C)``. Returns the law's mean and covariance."""
+    scales = inverse_mass.sqrt()
+    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
+    num_chains, num_draws = chains.shape[:2]
+    draws_mean = chains.mean(1).mean(0)
+    draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
+    mean_tol = Z * scales * law_y.mean_standard_error(num_draws) / num_chains**0.5
+    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(num_draws) * scales / num_chains**0.5
+    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
+    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
+    return law_mean, law_cov
+
+
 def potential_of(x, y, clients):
     return FederatedPotential(gaussian_regression(NOISE_SD), (x, y), clients=clients, gradient_mode="traced")
 
@@ -108,18 +124,11 @@ def test_defaults_sample_the_anisotropic_posterior_with_the_exact_law_of_the_cho
         law_y = fald_stationary_law(clients_y, chosen.step_size, 1.0, 1.0)
     else:  # default refresh_prob = comm_prob = 1
         law_y = vr_fald_stationary_law(clients_y, chosen.step_size, 1.0, 1.0, 1.0)
-    scales = chosen.preconditioner.sqrt()
-    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
+    # four independent chains: standard errors of the exact law divided by 2
+    law_mean, law_cov = check_chains_against_preconditioned_law(chains, law_y, chosen.preconditioner)
     ratio = law_cov.diagonal() / covariance.diagonal()
     assert (ratio >= 1).all() and (ratio <= 1 / (1 - adaptation.STEP_TARGET / 2) + 1e-9).all(), ratio
     torch.testing.assert_close(law_mean, mean, rtol=0, atol=1e-9 * float(covariance.diagonal().sqrt().min()))
-    # four independent chains: standard errors of the exact law divided by 2
-    draws_mean = chains.mean(1).mean(0)
-    draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
-    mean_tol = Z * scales * law_y.mean_standard_error(4000) / 2
-    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(4000) * scales / 2
-    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
-    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
     # the isotropic step of the same stability cannot do it: its slowest direction decorrelates 1e4x slower
     assert float(chosen.preconditioner.max() / chosen.preconditioner.min()) > 1e3
 

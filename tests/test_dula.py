@@ -7,7 +7,6 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, SgldKernel
 from pyro_fed.algorithms import dula
@@ -15,17 +14,9 @@ from pyro_fed.graphs import make_graph
 from pyro_fed.testing import batch_means_standard_error
 
 from .models import gaussian_regression
-from .test_adaptation import NOISE_SD, anisotropic_problem
+from .test_adaptation import NOISE_SD, anisotropic_problem, run
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
-
-
-def run(kernel, args, num_samples, warmup=200, num_chains=1):
-    mcmc = MCMC(
-        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
-    )
-    mcmc.run(*args)
-    return mcmc
 
 
 def test_the_average_takes_an_exact_ula_step_with_the_same_noise():

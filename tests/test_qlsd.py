@@ -7,7 +7,6 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel, QlsdKernel
 from pyro_fed.algorithms import qlsd
@@ -16,17 +15,15 @@ from pyro_fed.compression import Compressor, StochasticQuantizer
 from pyro_fed.testing import GaussianClients, batch_means_standard_error, fald_stationary_law
 
 from .models import gaussian_regression
-from .test_adaptation import NOISE_SD, anisotropic_problem, preconditioned
+from .test_adaptation import (
+    NOISE_SD,
+    anisotropic_problem,
+    check_chains_against_preconditioned_law,
+    preconditioned,
+    run,
+)
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
-
-
-def run(kernel, args, num_samples, warmup=200, num_chains=1):
-    mcmc = MCMC(
-        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
-    )
-    mcmc.run(*args)
-    return mcmc
 
 
 # ----------------------------------------------------------------------------------- the pure rule
@@ -44,14 +41,10 @@ def gaussian_state(num_chains=2, b=3, d=2, seed=0):
     return clients, state
 
 
-def test_uncompressed_full_participation_is_langevin_on_the_sum_whatever_the_memory():
-    # LSD: g = sum_i (H^i - eta^i) + sum_i eta^i = sum_i grad U^i(theta) exactly, so the memory never matters
-    clients, state = gaussian_state()
-    network = InProcessNetwork(3, 2, 2)
-    noise = torch.randn(2, 2)
-    active = torch.ones(2, 3, dtype=torch.bool)
-    step = torch.tensor(0.1)
-    new = qlsd.step(
+def uncompressed_step(state, clients, noise, active, step):
+    """One LSD step (no compression, no control variate) with memory rate 0.5."""
+    network = InProcessNetwork(clients.num_clients, clients.dim, state.server.shape[0])
+    return qlsd.step(
         state,
         clients.gradients,
         noise,
@@ -63,6 +56,15 @@ def test_uncompressed_full_participation_is_langevin_on_the_sum_whatever_the_mem
         memory_rate=0.5,
         control_variate=None,
     )
+
+
+def test_uncompressed_full_participation_is_langevin_on_the_sum_whatever_the_memory():
+    # LSD: g = sum_i (H^i - eta^i) + sum_i eta^i = sum_i grad U^i(theta) exactly, so the memory never matters
+    clients, state = gaussian_state()
+    noise = torch.randn(2, 2)
+    active = torch.ones(2, 3, dtype=torch.bool)
+    step = torch.tensor(0.1)
+    new = uncompressed_step(state, clients, noise, active, step)
     total = clients.gradients(state.server[:, None, :].expand(-1, 3, -1)).sum(-2)
     torch.testing.assert_close(new.server, state.server - step * total + (2 * step).sqrt() * noise)
     # the memory rule: eta <- eta + alpha (H - eta) for every (active) client
@@ -72,21 +74,9 @@ def test_uncompressed_full_participation_is_langevin_on_the_sum_whatever_the_mem
 
 def test_partial_participation_scales_and_the_empty_set_steps_with_the_memories():
     clients, state = gaussian_state()
-    network = InProcessNetwork(3, 2, 2)
     active = torch.tensor([[True, False, True], [False, False, False]])
     step, noise = torch.tensor(0.1), torch.zeros(2, 2)
-    new = qlsd.step(
-        state,
-        clients.gradients,
-        noise,
-        None,
-        active,
-        network,
-        Compressor(),
-        step_size=step,
-        memory_rate=0.5,
-        control_variate=None,
-    )
+    new = uncompressed_step(state, clients, noise, active, step)
     uploads = clients.gradients(state.server[:, None, :].expand(-1, 3, -1)) - state.memory
     # chain 0: b / |A| = 3 / 2 times the active uploads, plus every memory
     g0 = 1.5 * (uploads[0, 0] + uploads[0, 2]) + state.memory[0].sum(0)
@@ -125,18 +115,12 @@ def test_fixed_point_with_exact_gradients_has_the_exact_ula_law(levels):
         gradient_mode="traced",
     )
     pyro.set_rng_seed(0)
-    chains = run(kernel, (x, y), num_samples=4000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    mcmc = run(kernel, (x, y), num_samples=4000, warmup=200, num_chains=4)
+    chains = mcmc.get_samples(group_by_chain=True)["w"]
     chosen = kernel.adaptation
     whole = GaussianClients(exact.precisions.sum(0, keepdim=True), exact.posterior()[0][None])
     law_y = fald_stationary_law(preconditioned(whole, chosen.preconditioner), chosen.step_size, 1.0, 1.0)
-    scales = chosen.preconditioner.sqrt()
-    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
-    draws_mean = chains.mean(1).mean(0)
-    draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
-    mean_tol = Z * scales * law_y.mean_standard_error(4000) / 2
-    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(4000) * scales / 2
-    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
-    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
+    _, law_cov = check_chains_against_preconditioned_law(chains, law_y, chosen.preconditioner)
     # the automatic step keeps the law within the design's 11% of the posterior on every variance
     ratio = law_cov.diagonal() / exact.posterior()[1].diagonal()
     assert (ratio <= 1 / (1 - 0.2 / 2) + 1e-9).all()
@@ -161,7 +145,8 @@ def test_qlsd_plus_plus_with_partial_participation_matches_the_posterior():
         gradient_mode="traced",
     )
     pyro.set_rng_seed(0)
-    chains = run(kernel, (x, y), num_samples=6000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    mcmc = run(kernel, (x, y), num_samples=6000, warmup=200, num_chains=4)
+    chains = mcmc.get_samples(group_by_chain=True)["w"]
     se = torch.stack([batch_means_standard_error(c) for c in chains]).square().mean(0).sqrt() / 2
     draws_mean = chains.mean(1).mean(0)
     assert ((draws_mean - mean).abs() <= Z * se).all(), (draws_mean, mean, se)
