@@ -281,18 +281,19 @@ class FederatedKernel(MCMCKernel):
         """Run the warm-up adaptation if anything is automatic (from chain 0's initial point ``start``, so
         that it is the same for any number of chains); the inverse mass ``[d]``."""
         pot = self.potential
-        if isinstance(self.preconditioner, torch.Tensor) and self.preconditioner.shape != (pot.dim,):
-            raise ValueError(
-                f"preconditioner has shape {tuple(self.preconditioner.shape)}; the model has {pot.dim} "
-                "unconstrained coordinates: give one positive number per coordinate."
-            )
-        self.adaptation = None
-        if self.step_size is None or self.preconditioner == "adapt":
-            self.adaptation = warmup.adapt(self, start, seed)
-            return self.adaptation.preconditioner
+        given = None  # the user's fixed inverse mass
         if isinstance(self.preconditioner, torch.Tensor):
-            return self.preconditioner.to(pot.device, pot.dtype)
-        return torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
+            if self.preconditioner.shape != (pot.dim,):
+                raise ValueError(
+                    f"preconditioner has shape {tuple(self.preconditioner.shape)}; the model has {pot.dim} "
+                    "unconstrained coordinates: give one positive number per coordinate."
+                )
+            given = self.preconditioner.to(pot.device, pot.dtype)
+        self.adaptation = None
+        if self.step_size is None or isinstance(self.preconditioner, str):  # "adapt"
+            self.adaptation = warmup.adapt(self, start, seed, given)
+            return self.adaptation.preconditioner
+        return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
     @property
     def current_step_size(self) -> float | None:

@@ -223,14 +223,15 @@ class QlsdKernel(FederatedKernel):
             estimates = minibatch_gradients(mode[None])[:, 0]
         else:
             estimates = warmup.control_variate_error(minibatch_gradients, mode, scales, generator)
-            if self.control_variate == "svrg":
-                estimates = estimates + self.potential.full_client_grads(mode)
+        remembers = self.current_memory_rate() > 0
+        if self.control_variate == "svrg" or remembers:
+            full = self.potential.full_client_grads(mode)  # the clients' full gradients at the mode, once
+        if self.control_variate == "svrg":
+            estimates = estimates + full
         r, b, _ = estimates.shape
         uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
         active = torch.rand(r, b, generator=generator).to(mode.device) < self.participation
-        memory = torch.zeros_like(estimates)
-        if self.current_memory_rate() > 0:
-            memory = self.potential.full_client_grads(mode).expand_as(estimates)
+        memory = full.expand_as(estimates) if remembers else torch.zeros_like(estimates)
         uploads = self.compressor.compress(estimates - memory, uniforms)
         return qlsd.aggregate(uploads, active, memory)[:, None, :]
 

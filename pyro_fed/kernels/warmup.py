@@ -15,7 +15,9 @@ from ..minibatch import MinibatchSampler
 NOISE_DRAWS = 32
 
 
-def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
+def adapt(
+    kernel, start: torch.Tensor, seed: int, inverse_mass: torch.Tensor | None = None
+) -> adaptation.Adaptation:
     """Choose what the user left automatic in ``kernel`` (its ``step_size``, its ``preconditioner``) from
     the curvature of its potential at the mode found from ``start`` (``[d]``); the bits the clients upload
     for it are counted on ``kernel.network`` for every chain. ``seed`` seeds the minibatches of the noise
@@ -33,12 +35,8 @@ def adapt(kernel, start: torch.Tensor, seed: int) -> adaptation.Adaptation:
             return pot.server_prior(points.reshape(-1, pot.dim), gradient=True).reshape(points.shape)
 
         curvature = curvature + adaptation.client_hessian_diagonals(prior_gradient, mode, 1)[0]
-    if isinstance(kernel.preconditioner, torch.Tensor):
-        inverse_mass = kernel.preconditioner.to(pot.device, pot.dtype)
-    elif kernel.preconditioner == "adapt" or kernel.step_size is None:
+    if inverse_mass is None:
         inverse_mass = adaptation.preconditioner(curvature)
-    else:
-        inverse_mass = torch.ones_like(curvature)
     scales = inverse_mass.sqrt()
     if getattr(kernel, "server_step", False):
         # the server steps on the whole potential: the stiffness of the sum of the clients' Hessians
