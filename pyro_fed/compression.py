@@ -52,6 +52,15 @@ class StochasticQuantizer(Compressor):
     means :math:`s = 2^p`.
 
     :param int levels: :math:`s \ge 1`.
+
+    Example: a message of ``d = 50`` floats quantised with 16 bits per level costs about 2.6 times fewer bits
+    than sending it uncompressed (``32 d = 1600``):
+
+        >>> quantizer = StochasticQuantizer(2**16)
+        >>> round(quantizer.bits(50), 1), round(32 * 50 / quantizer.bits(50), 2)
+        (613.7, 2.61)
+        >>> quantizer.compress(torch.zeros(3), torch.rand(3))  # the zero vector is sent exactly
+        tensor([0., 0., 0.])
     """
 
     random = True

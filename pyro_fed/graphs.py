@@ -96,8 +96,16 @@ def connected_components(adjacency: torch.Tensor) -> list[list[int]]:
 
 
 def make_graph(graph, num_agents: int, *, edge_prob: float = 0.5, seed: int = 0) -> Graph:
-    """A :class:`Graph` from a name (``"ring"``, ``"complete"``, ``"star"``, ``"path"``, ``"erdos_renyi"``
-    with ``edge_prob`` and ``seed``), an adjacency matrix, or a :class:`Graph`."""
+    r"""A :class:`Graph` from a name (``"ring"``, ``"complete"``, ``"star"``, ``"path"``, ``"erdos_renyi"``
+    with ``edge_prob`` and ``seed``), an adjacency matrix, or a :class:`Graph`.
+
+    Example: the D-ULA paper's five agents on a ring, and D-ULA's default consensus step
+    :math:`1/\lambda_{\max}(L)`:
+
+        >>> ring = make_graph("ring", 5)
+        >>> round(ring.lambda_max, 3), ring.directed_edges
+        (3.618, 10)
+    """
     if isinstance(graph, Graph):
         if graph.num_agents != num_agents:
             raise ValueError(f"the graph has {graph.num_agents} agents but there are {num_agents} clients.")

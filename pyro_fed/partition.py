@@ -43,6 +43,12 @@ def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
     :param int seed: seed of the random permutation.
     :returns: client ids, shape ``[N]``.
     :rtype: torch.LongTensor
+
+    Example:
+
+        >>> clients = iid(10, 3)
+        >>> clients.bincount()
+        tensor([4, 3, 3])
     """
     if num_data < 1:
         raise ValueError(f"num_data must be >= 1, got {num_data}")

@@ -62,7 +62,8 @@ class FederatedKernel(MCMCKernel):
     ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them one
     chain after another, as it would from independent runs.
 
-    Subclasses implement :meth:`init_state`, :meth:`step_inputs`, :meth:`step`, :meth:`position`,
+    Subclasses set :attr:`state_type` (and :attr:`server_step` for a server's steps) and implement
+    :meth:`init_state`, :meth:`step_inputs`, :meth:`step`, :meth:`position`,
     :meth:`draw_coins` and :meth:`traffic` (and, for out-of-step events, :meth:`event_iterations` and
     :meth:`event`; for per-draw values, :meth:`statistics`) with the
     pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
@@ -129,11 +130,7 @@ class FederatedKernel(MCMCKernel):
         self.batch_size = check_batch_size(batch_size)
         self.thinning = check_positive_int("thinning", thinning)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        if (
-            isinstance(prior_weights, str)
-            and prior_weights == "server"
-            and not getattr(self, "server_step", False)
-        ):
+        if isinstance(prior_weights, str) and prior_weights == "server" and not self.server_step:
             raise ValueError(
                 f"prior_weights='server': {type(self).__name__} has no server step to add the prior to: "
                 "split it among the clients ('proportional', 'uniform' or a tensor), or use "
@@ -155,6 +152,10 @@ class FederatedKernel(MCMCKernel):
     # ------------------------------------------------------- subclass API
     #: the algorithm's state NamedTuple
     state_type: type
+    #: whether a server takes the algorithm's steps on the whole potential (QLSD), rather than every client on
+    #: its own (FALD): the warm-up then chooses the step for the stiffness of the sum of the clients'
+    #: potentials, and the prior may stay on the server (``prior_weights="server"``)
+    server_step: bool = False
 
     def init_state(self, positions: torch.Tensor):
         """The algorithm's initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""

@@ -65,11 +65,22 @@ class FaldKernel(FederatedKernel):
     :param int thinning: iterations per draw (default 1).
     :param int chunk_size: iterations run per chunk (default 64).
 
-    Example:
+    Example: a Bayesian logistic regression of Titanic survival, its data split over 10 clients.
 
-        >>> mcmc = MCMC(FaldKernel(model), num_samples=2000, warmup_steps=200)  # doctest: +SKIP
-        >>> mcmc.run(x, y)  # 10 i.i.d. clients, step size and preconditioner chosen  # doctest: +SKIP
-        >>> kernel = FaldKernel(model, clients, comm_prob=0.2, batch_size=32)  # doctest: +SKIP
+        >>> import pyro, pyro.distributions as dist, pyro_fed
+        >>> from pyro.infer import MCMC
+        >>> def model(x, y=None):
+        ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        ...     with pyro.plate("data", x.shape[0]):
+        ...         logits = pyro.subsample(x, event_dim=1) @ w
+        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+        >>> x, y = pyro_fed.datasets.titanic()
+        >>> mcmc = MCMC(FaldKernel(model), num_samples=300, warmup_steps=100, disable_progbar=True)
+        >>> mcmc.run(x, y)  # 10 i.i.d. clients, step size and preconditioner chosen
+        >>> mcmc.get_samples()["w"].shape
+        torch.Size([300, 4])
+        >>> clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5)  # label-skewed sites
+        >>> kernel = FaldKernel(model, clients, comm_prob=0.2, batch_size=32)
     """
 
     def __init__(

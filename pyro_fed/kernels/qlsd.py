@@ -31,15 +31,15 @@ class QlsdKernel(FederatedKernel):
     Each draw is the server's :math:`\theta`; :math:`m` is the preconditioner (see
     :class:`~pyro_fed.FederatedKernel`). The papers' variants are settings of one kernel:
 
-    ==========  ======================================================================================
-    QLSD        exact local gradients (``batch_size=None``), no control variate
-    QLSD#       ``batch_size`` set
-    QLSD⋆       ``control_variate="fixed_point"``: :math:`H^i = \hat\nabla U^i(\theta) -
-                \hat\nabla U^i(\theta_\star)` around the mode :math:`\theta_\star`
-    QLSD++      ``control_variate="svrg"``, ``snapshot_every=l``: SVRG snapshots every :math:`l`
-                iterations, memory rate :math:`\alpha = 1/(\omega + 1)` by default
-    LSD⋆, LSD++ the same with ``quantization_levels=None`` (no compression)
-    ==========  ======================================================================================
+    ============  ======================================================================================
+    QLSD          exact local gradients (``batch_size=None``), no control variate
+    QLSD#         ``batch_size`` set
+    QLSD⋆         ``control_variate="fixed_point"``: :math:`H^i = \hat\nabla U^i(\theta) -
+                  \hat\nabla U^i(\theta_\star)` around the mode :math:`\theta_\star`
+    QLSD++        ``control_variate="svrg"``, ``snapshot_every=l``: SVRG snapshots every :math:`l`
+                  iterations, memory rate :math:`\alpha = 1/(\omega + 1)` by default
+    LSD⋆, LSD++   the same with ``quantization_levels=None`` (no compression)
+    ============  ======================================================================================
 
     When no client takes part (probability :math:`(1-p)^b`), the server steps with the memories' sum
     :math:`g = \sum_i \eta^i` (without memory: a noise-only step). Each active client uploads one quantised

@@ -38,7 +38,7 @@ def adapt(
     if inverse_mass is None:
         inverse_mass = adaptation.preconditioner(curvature)
     scales = inverse_mass.sqrt()
-    if getattr(kernel, "server_step", False):
+    if kernel.server_step:
         # the server steps on the whole potential: the stiffness of the sum of the clients' Hessians
         def total_gradient(points: torch.Tensor) -> torch.Tensor:
             return pot.total_gradient(points[:, 0])[:, None]
