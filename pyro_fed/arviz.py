@@ -26,14 +26,33 @@ def _by_chain(values: dict[str, torch.Tensor], num_chains: int) -> dict[str, np.
 
 def _potential(mcmc) -> FederatedPotential:
     kernel = mcmc.kernel
-    if not isinstance(kernel, FederatedKernel):
+    if isinstance(kernel, FederatedKernel):
+        if kernel.potential is None:
+            raise ValueError("to_inference_data needs an MCMC object after mcmc.run(...).")
+        return kernel.potential
+    if getattr(kernel, "model", None) is None or not hasattr(mcmc, "_args"):
         raise TypeError(
-            f"to_inference_data needs an MCMC run with a pyro_fed kernel; got {type(kernel).__name__}. "
-            "For Pyro's own kernels use arviz.from_pyro."
+            "to_inference_data needs an MCMC run of a pyro_fed kernel, or of a Pyro kernel built from a "
+            f"model (NUTS(model), HMC(model)); got {type(kernel).__name__} without a model. Use "
+            "arviz.from_pyro."
         )
-    if kernel.potential is None:
-        raise ValueError("to_inference_data needs an MCMC object after mcmc.run(...).")
-    return kernel.potential
+    # a Pyro kernel on the pooled data (the usual reference): the model split into one client, with the
+    # model's arguments read where arviz.from_pyro reads them
+    return FederatedPotential(kernel.model, mcmc._args, mcmc._kwargs, clients=1, gradient_mode="eager")
+
+
+def _sample_stats(mcmc, num_chains: int) -> dict[str, np.ndarray]:
+    """Per-draw statistics: a pyro_fed kernel's own (see :func:`to_inference_data`); for Pyro's kernels,
+    ``diverging`` from the divergent draws that ``mcmc.diagnostics()`` lists per chain."""
+    diagnostics = mcmc.diagnostics()
+    if isinstance(mcmc.kernel, FederatedKernel):
+        stats = [diagnostics["sample_stats"][f"chain {c}"] for c in range(num_chains)]
+        return {k: np.stack([s[k] for s in stats]) for k in stats[0]}
+    num_draws = next(iter(mcmc.get_samples(group_by_chain=True).values())).shape[1]
+    diverging = np.zeros((num_chains, num_draws), dtype=bool)
+    for c in range(num_chains):
+        diverging[c, diagnostics.get("divergences", {}).get(f"chain {c}", [])] = True
+    return {"diverging": diverging}
 
 
 def to_inference_data(
@@ -46,6 +65,11 @@ def to_inference_data(
     dims: dict | None = None,
 ):
     """Convert a finished :class:`~pyro.infer.MCMC` run of a pyro_fed kernel to ArviZ data.
+
+    A run of Pyro's own ``NUTS(model)`` or ``HMC(model)`` on the pooled data converts too, with the same
+    groups (its ``sample_stats`` hold ``diverging``): the reference for a federated run, comparable with
+    ``az.compare``. (:func:`arviz.from_pyro` cannot compute the log-likelihood of a model that reads its data
+    through ``pyro.subsample``.)
 
     Groups:
 
@@ -63,7 +87,8 @@ def to_inference_data(
     - ``observed_data``: the observed sites of the plate;
     - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
 
-    :param mcmc: a :class:`~pyro.infer.MCMC` object after ``run``, whose kernel is a pyro_fed kernel.
+    :param mcmc: a :class:`~pyro.infer.MCMC` object after ``run``, whose kernel is a pyro_fed kernel, or
+        Pyro's ``NUTS``/``HMC`` built from a model.
     :param bool log_likelihood: include the pointwise log-likelihood.
     :param bool posterior_predictive: draw and include posterior predictive replicates.
     :param int chunk_size: number of draws evaluated at once (memory: ``chunk_size × N``).
@@ -76,11 +101,7 @@ def to_inference_data(
     samples = mcmc.get_samples(group_by_chain=True)
     num_chains = next(iter(samples.values())).shape[0]
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
-    groups = {"posterior": _numpy(samples)}
-    # MCMC's public diagnostics hold each chain's kernel diagnostics, our per-draw statistics among them
-    per_chain = mcmc.diagnostics()["sample_stats"]
-    stats = [per_chain[f"chain {c}"] for c in range(num_chains)]
-    groups["sample_stats"] = {k: np.stack([s[k] for s in stats]) for k in stats[0]}
+    groups = {"posterior": _numpy(samples), "sample_stats": _sample_stats(mcmc, num_chains)}
     if log_likelihood:
         groups["log_likelihood"] = _by_chain(
             potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains

@@ -12,7 +12,7 @@ from pyro.infer import MCMC, NUTS
 import pyro_fed
 from pyro_fed import FaldKernel
 
-from .models import logistic_model, regression_data, scaled_regression
+from .models import gaussian_regression, logistic_model, regression_data, scaled_regression
 
 matplotlib.use("Agg")
 
@@ -108,11 +108,38 @@ def test_constrained_sites_and_from_pyro():
     assert az.from_pyro(mcmc).sample_stats["diverging"].shape == (1, 50)
 
 
-def test_rejects_other_kernels():
+def test_pyro_reference_run_converts_with_the_same_groups():
+    # the reference of a federated run: NUTS on the pooled data, whose model reads its data through
+    # pyro.subsample (arviz.from_pyro cannot vectorise such a model and leaves log_likelihood out)
     x, y = regression_data(20)
-    mcmc = MCMC(NUTS(scaled_regression), num_samples=5, warmup_steps=5, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    kernel = NUTS(gaussian_regression(0.5))
+    mcmc = MCMC(kernel, num_samples=15, warmup_steps=10, num_chains=2, disable_progbar=True)
     mcmc.run(x, y)
-    with pytest.raises(TypeError, match="pyro_fed kernel.*arviz.from_pyro"):
+    data = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    w = mcmc.get_samples(group_by_chain=True)["w"]
+    # the pointwise log-likelihood, by hand: log N(y_j; x_j w, 0.5^2) for every draw
+    expected = dist.Normal(w @ x.T, 0.5).log_prob(y)
+    np.testing.assert_allclose(data.log_likelihood["y"].values, expected.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(data.observed_data["y"].values, y.numpy())
+    assert data.posterior_predictive["y"].shape == (2, 15, 20)
+    diverging = np.zeros((2, 15), dtype=bool)
+    for c in range(2):
+        diverging[c, mcmc.diagnostics()["divergences"][f"chain {c}"]] = True
+    np.testing.assert_array_equal(data.sample_stats["diverging"].values, diverging)
+    assert np.isfinite(az.loo(data).elpd_loo)
+
+
+def test_rejects_kernels_without_a_model():
+    x, y = regression_data(20)
+
+    def potential_fn(params):
+        return params["w"].square().sum() / 2
+
+    kernel = NUTS(potential_fn=potential_fn)
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=2, initial_params={"w": torch.zeros(3)})
+    mcmc.run(x, y)
+    with pytest.raises(TypeError, match="without a model. Use arviz.from_pyro"):
         pyro_fed.to_inference_data(mcmc)
 
 
