@@ -9,8 +9,10 @@ from __future__ import annotations
 import arviz as az
 import numpy as np
 import torch
+import xarray as xr
 
 from .kernels.base import FederatedKernel
+from .kernels.dula import AGENTS
 from .potential import FederatedPotential
 
 _ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
@@ -39,6 +41,18 @@ def _potential(mcmc) -> FederatedPotential:
     # a Pyro kernel on the pooled data (the usual reference): the model split into one client, with the
     # model's arguments read where arviz.from_pyro reads them
     return FederatedPotential(kernel.model, mcmc._args, mcmc._kwargs, clients=1, gradient_mode="eager")
+
+
+def _agents_group(potential: FederatedPotential, flat: np.ndarray) -> xr.Dataset:
+    """The agents' unconstrained iterates ``[C, D, n, d]``, constrained: one variable per site, with dims
+    ``chain, draw, agent`` and ArviZ's default names for the site's own."""
+    flat = torch.as_tensor(flat)
+    variables = {}
+    for site in potential.latent_sites:
+        unconstrained = flat[..., site.start : site.stop].reshape(*flat.shape[:-1], *site.shape)
+        dims = ("chain", "draw", "agent", *(f"{site.name}_dim_{i}" for i in range(len(site.shape))))
+        variables[site.name] = (dims, potential.transforms[site.name].inv(unconstrained).numpy())
+    return xr.Dataset(variables)
 
 
 def _sample_stats(mcmc, num_chains: int) -> dict[str, np.ndarray]:
@@ -85,7 +99,9 @@ def to_inference_data(
       ``observed_data`` and of ``posterior_predictive``, and the others are indexed by their position in
       the data (a dimension ``{site}_{plate}``);
     - ``observed_data``: the observed sites of the plate;
-    - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw.
+    - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw;
+    - ``agents`` (D-ULA with ``record_agents=True``): every agent's iterate at each draw, constrained,
+      ``chain × draw × agent ×`` the site's shape.
 
     :param mcmc: a :class:`~pyro.infer.MCMC` object after ``run``, whose kernel is a pyro_fed kernel, or
         Pyro's ``NUTS``/``HMC`` built from a model.
@@ -102,6 +118,7 @@ def to_inference_data(
     num_chains = next(iter(samples.values())).shape[0]
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
     groups = {"posterior": _numpy(samples), "sample_stats": _sample_stats(mcmc, num_chains)}
+    agents = groups["sample_stats"].pop(AGENTS, None)  # D-ULA's record_agents: a group of its own
     if log_likelihood:
         groups["log_likelihood"] = _by_chain(
             potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains
@@ -128,8 +145,16 @@ def to_inference_data(
         data_dims[name] = [f"{name}_dim_{i}" for i in range(axis)] + [plate]
     data_dims.update(dims or {})
     if _ARVIZ_1:
-        return az.from_dict(groups, coords=coords, dims=data_dims)
-    return az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))
+        data = az.from_dict(groups, coords=coords, dims=data_dims)
+    else:
+        data = az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))
+    if agents is not None:
+        group = _agents_group(potential, agents)
+        if _ARVIZ_1:
+            data[AGENTS] = xr.DataTree(group)
+        else:
+            data.add_groups({AGENTS: group}, warn_on_custom_groups=False)
+    return data
 
 
 def _keep(groups: dict, name: str, mask: np.ndarray, axis: int) -> None:

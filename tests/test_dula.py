@@ -8,12 +8,13 @@ import pyro
 import pytest
 import torch
 
+import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel
 from pyro_fed.algorithms import dula
 from pyro_fed.graphs import make_graph
 from pyro_fed.testing import batch_means_standard_error
 
-from .models import gaussian_regression
+from .models import gaussian_regression, regression_data, scaled_regression
 from .test_adaptation import NOISE_SD, anisotropic_problem, run
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
@@ -80,6 +81,26 @@ def test_bits_along_the_edges_and_consensus_statistics():
     assert stats["consensus_error"].shape == (10,)
     assert kernel.graph.lambda_max == pytest.approx(3.0)
     assert mcmc.diagnostics()["divergences"] == {"chain 0": []}
+
+
+def test_recorded_agents_are_the_iterates_whose_average_is_the_draw():
+    x, y = regression_data(30)
+    pyro.set_rng_seed(0)
+    kernel = DulaKernel(scaled_regression, 4, graph="ring", record_agents=True, gradient_mode="traced")
+    mcmc = run(kernel, (x, y), num_samples=12, warmup=5, num_chains=2)
+    data = pyro_fed.to_inference_data(mcmc, log_likelihood=False)
+    agents, posterior = data.agents, data.posterior
+    assert agents["w"].dims == ("chain", "draw", "agent", "w_dim_0") and agents["w"].shape == (2, 12, 4, 3)
+    assert agents["sigma"].shape == (2, 12, 4) and (agents["sigma"].values > 0).all()
+    assert "agents" not in data.sample_stats  # moved to its own group
+    # the draw is the agents' average in the unconstrained space (sigma's is log sigma)
+    np.testing.assert_allclose(agents["w"].values.mean(2), posterior["w"].values, rtol=1e-5, atol=1e-6)
+    log_sigma = np.log(agents["sigma"].values)
+    np.testing.assert_allclose(log_sigma.mean(2), np.log(posterior["sigma"].values), rtol=1e-5, atol=1e-6)
+    # the consensus error is the agents' mean squared distance to that average
+    unconstrained = np.concatenate([agents["w"].values, log_sigma[..., None]], -1)
+    spread = np.square(unconstrained - unconstrained.mean(2, keepdims=True)).sum(-1).mean(-1)
+    np.testing.assert_allclose(spread, data.sample_stats["consensus_error"].values, rtol=1e-4, atol=1e-9)
 
 
 def test_step_size_condition_warns_and_bad_arguments():

@@ -12,6 +12,9 @@ from ..graphs import make_graph
 from .arguments import check_positive
 from .base import FederatedKernel
 
+#: the ``sample_stats`` entry of the agents' iterates (``record_agents=True``), ``[draws, n, d]`` per chain
+AGENTS = "agents"
+
 
 class DulaKernel(FederatedKernel):
     r"""D-ULA: decentralized Langevin over a graph of clients (agents), with no server.
@@ -41,6 +44,9 @@ class DulaKernel(FederatedKernel):
     :param float consensus_decay: :math:`\delta_1` (default 0.04, as in the paper's Gaussian-mixture
         experiment: with the default :math:`\delta_2 = 0.55` it satisfies the condition below strictly).
     :param float step_offset: :math:`k_0` (default 0).
+    :param bool record_agents: also keep every agent's iterate :math:`w_i` at each draw (``n d`` numbers per
+        draw): :func:`~pyro_fed.to_inference_data` puts them, constrained, in an ``agents`` group with an
+        ``agent`` dimension, for per-agent summaries and R-hat (default ``False``).
 
     The conditions of the convergence theory, :math:`1/2 + \delta_1 < \delta_2 < 1`, are checked with a
     warning (the paper's own experiments sit on the boundary). Prior weights default to ``"uniform"``
@@ -59,10 +65,12 @@ class DulaKernel(FederatedKernel):
         consensus_size: float | None = None,
         consensus_decay: float = 0.04,
         step_offset: float = 0.0,
+        record_agents: bool = False,
         prior_weights="uniform",
         **kwargs,
     ):
         super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
+        self.record_agents = bool(record_agents)
         self.graph_spec = graph
         for name, value in (("step_decay", step_decay), ("consensus_decay", consensus_decay)):
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -119,7 +127,10 @@ class DulaKernel(FederatedKernel):
         return dula.position(state)
 
     def statistics(self, state):
-        return {"consensus_error": self.network.dispersion(state.clients)}
+        stats = {"consensus_error": self.network.dispersion(state.clients)}
+        if self.record_agents:
+            stats[AGENTS] = state.clients
+        return stats
 
     def traffic(self, coins):
         every = np.ones_like(coins["iteration"])
