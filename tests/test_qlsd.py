@@ -222,15 +222,25 @@ def test_fixed_point_of_the_wrong_shape_is_refused_and_a_given_one_is_used():
     assert math.isclose(kernel.current_step_size, 1e-4)
 
 
-def test_prior_on_the_server_gives_the_same_chain():
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"control_variate": "fixed_point"}, {"control_variate": "svrg", "snapshot_every": 7}],
+    ids=["LSD", "LSD-star", "LSD++"],
+)
+def test_prior_on_the_server_gives_the_same_chain(options):
     # sum_i varpi^i grad U^0 = grad U^0: keeping the prior on the server (clients with varpi^i = 0, the
     # server adding grad U^0 itself) changes nothing in LSD's estimate, its mode or its curvature, so the
-    # same seed gives the same draws, to rounding
+    # same seed gives the same draws, to rounding. Around a fixed point the server's term takes the control
+    # variate too: the clients' likelihood gradients do not sum to 0 at the mode, the posterior's do.
     x, y, clients, _ = anisotropic_problem()
     draws = []
     for on_server in (False, True):
         kernel = QlsdKernel(
-            gaussian_regression(NOISE_SD), clients, prior_on_server=on_server, gradient_mode="traced"
+            gaussian_regression(NOISE_SD),
+            clients,
+            prior_on_server=on_server,
+            gradient_mode="traced",
+            **options,
         )
         pyro.set_rng_seed(0)
         draws.append(run(kernel, (x, y), num_samples=50, warmup=10).get_samples()["w"])

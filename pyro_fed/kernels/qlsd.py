@@ -175,7 +175,13 @@ class QlsdKernel(FederatedKernel):
     def step(self, state, gradients, inputs, step_size):
         noise, active, *uniforms = inputs
         pot = self.potential
-        prior = pot.server_prior(state.server, gradient=True) if pot.prior_on_server else None
+        prior = None
+        if pot.prior_on_server:
+            prior = pot.server_prior(state.server, gradient=True)
+            if self.control_variate == "fixed_point":
+                # the server's own term takes the clients' control variate: they send differences of their
+                # likelihoods' gradients to the fixed point, whose sum there is -grad U^0(theta_star), not 0
+                prior = prior - pot.server_prior(state.reference, gradient=True)
         return qlsd.step(
             state,
             gradients,
