@@ -27,8 +27,8 @@ exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = f"pyro_fed {release}"
 
-# The tutorials live in tutorials/ (where the test suite runs them) and the benchmark figures in
-# benchmarks/results/; Sphinx reads documents only below docs/, so copies are made at each build.
+# The tutorials live in tutorials/, where the test suite runs them; Sphinx reads documents only below docs/,
+# so they are copied at each build (the benchmark pages include benchmarks/results/ files by relative path).
 GENERATED = Path(__file__).parent / "generated"
 shutil.rmtree(GENERATED, ignore_errors=True)
 (GENERATED / "tutorials").mkdir(parents=True)
