@@ -1,52 +1,86 @@
-r"""Relative HPD error of QLSD++ against LSD++, and what it saves in bits: Titanic logistic regression.
+r"""Relative HPD error of QLSD++ against LSD++, and what it saves in bits: logistic regressions.
 
 What is measured
 ----------------
-The README's logistic regression (``d = 4``: intercept, class, sex, age; prior :math:`N(0, I)`) on the
-Titanic table, split into ``b = 10`` clients by a Dirichlet(0.5) label skew. Reference: Pyro's NUTS on the
-pooled data (``--ref-samples`` draws after 500 warm-up). Then :class:`~pyro_fed.QlsdKernel` with
-``control_variate="svrg"`` (snapshots every 20 iterations), minibatches of a tenth of each client's data,
-the automatic step size and preconditioner, and its default memory rate :math:`1/(\omega+1)`:
+A Bayesian logistic regression (prior :math:`N(0, I)`) split into ``b = 10`` clients by a Dirichlet(0.5)
+label skew (:func:`pyro_fed.partition.dirichlet`, seed 0), on one of two data sets (``--dataset``):
+
+- ``titanic`` (default): the README's model, ``d = 4`` (intercept, class, sex, age), 2201 people.
+  Reference: Pyro's NUTS on the pooled data (5000 draws after 500 warm-up).
+- ``digits``: scikit-learn's bundled 8x8 digits (1797 images, no download), pixels / 16 plus an intercept
+  (65 features), multinomial logistic regression with 10 classes, weights ``[65, 10]``: ``d = 650``.
+  Reference: NUTS on the pooled data (2000 draws after 500 warm-up), run in whitened coordinates
+  :math:`w = w_\star + A z` (:math:`w_\star` the mode, :math:`AA^\top` the inverse Hessian there): a linear
+  change of variables, so the same posterior, on which NUTS (no mass matrix adaptation: ``z`` is nearly
+  isotropic) takes trees of ~16 steps of size ~0.3 (about 3 minutes). Plain NUTS on ``w`` ran at about 1 s
+  per iteration (step 0.05, trees of ~2^10 steps: the posterior's scales span pixels that are always 0 to
+  well-determined weights), too slow for this budget.
+
+Then :class:`~pyro_fed.QlsdKernel` with ``control_variate="svrg"`` (snapshots every 20 iterations),
+minibatches of a tenth of each client's data, the automatic step size and preconditioner, and its default
+memory rate :math:`1/(\omega+1)`:
 
 - QLSD++ with :math:`s = 2^4, 2^8, 2^{16}` quantisation levels, and LSD++ (no compression);
-- each as ``--chains`` chains of 500 warm-up + ``--samples`` draws, with full participation and with each
-  client present with probability 0.5.
+- each with full participation and with each client present with probability 0.5;
+- Titanic: 4 chains x (500 warm-up + 5000 draws), from the kernel's default start;
+- digits: 8 chains x (500 warm-up + 4000 iterations, kept every 4th: 1000 draws), traced (not compiled:
+  TorchInductor's compilation cost minutes on the busy 2-core machine), each chain *started at a reference
+  draw* (8 evenly spaced ones). From the kernel's default start (a draw of the diagonal Laplace
+  approximation) the potential first drops then climbs back over ~1/(2 h lambda_min) ~ 4000 iterations at
+  the automatic step h ~ 0.004 (lambda_min ~ 0.03 for the preconditioned Hessian), ~20000 at participation
+  0.5 (h ~ 0.0005-0.001): a smoke run of 700 iterations gave eta 60-125 below the reference, ordered by step
+  size, i.e. it measured the transient. Started at posterior draws, the runs measure how far each sampler
+  drifts from the posterior where it can move within 4500 iterations (the stiff directions, where the
+  step's and the gradient noise's biases act); the slowest directions barely leave the posterior draw,
+  so a bias there would be missed (that would need ~10^5 iterations per run).
 
 For every run: :math:`\eta_\alpha` (``alpha = 0.05``), the empirical 95% quantile of the full-data potential
-:math:`U(\theta_k)` over the draws (:func:`pyro_fed.metrics.hpd_level`), its relative error against the
-reference's (:func:`pyro_fed.metrics.relative_hpd_error`), and the bits uploaded per iteration (the kernel's
-own count); the *relative bit efficiency* is LSD++'s bits per iteration over the run's. The paper's claim
-(on larger models): QLSD++ matches LSD++'s HPD error while 3–7x cheaper in bits. With ``d = 4`` the 32 bits
-of each message's norm weigh more than at the paper's ``d = 784``, so the saving here is smaller.
+:math:`U(\theta_k)` over the draws (:func:`pyro_fed.metrics.hpd_level`), its Monte Carlo standard error
+(ArviZ's ``mcse(method="quantile", prob=0.95)`` over the chains, which accounts for autocorrelation; the
+per-chain :math:`\eta` are in the JSON as a cross-check), its relative error against the reference's
+(:func:`pyro_fed.metrics.relative_hpd_error`) and the distance of :math:`\eta` to LSD++'s in combined
+standard errors; and the bits uploaded per iteration from the kernel's own count, twice: over the whole run
+(the ``uploaded bits`` diagnostic, which includes the set-up's mode search and curvatures, over warm-up +
+draws) and over the sampling iterations only (from the cumulative ``uploaded_bits`` sample statistic). The
+*relative bit efficiency* is LSD++'s bits per iteration over the run's. The paper's claim (on ``d = 784``
+models): QLSD++ matches LSD++'s HPD error while 3–7x cheaper in bits. With ``d = 4`` the 32 bits of each
+message's norm weigh more, so Titanic's saving is smaller; digits (``d = 650``) is near the paper's size.
 
 Run::
 
-    python benchmarks/qlsd_hpd.py            # about 5 minutes on 2 CPU cores
-    python benchmarks/qlsd_hpd.py --quick    # a smoke run
+    python benchmarks/qlsd_hpd.py                      # Titanic, about 5 minutes on 2 CPU cores
+    python benchmarks/qlsd_hpd.py --dataset digits     # digits, about 15 minutes on 2 CPU cores
+    python benchmarks/qlsd_hpd.py [--dataset digits] --quick    # smoke runs (a few minutes each)
 
-Results: ``benchmarks/results/qlsd_hpd{,_quick}.{md,json}`` (``--out`` changes the folder).
+Results: ``benchmarks/results/qlsd_hpd{,_quick}.{md,json}`` (Titanic) and
+``qlsd_hpd_digits{,_quick}.{md,json}`` (digits); ``--out`` changes the folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
+import arviz as az
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.infer import MCMC, NUTS
+from pyro.infer.mcmc.util import initialize_model
 
 import pyro_fed
 from pyro_fed import QlsdKernel
 from pyro_fed.metrics import draw_potentials, hpd_level, relative_hpd_error
 
 ALPHA = 0.05
+WARMUP = 500
 
 
-def model(x, y):
+def titanic_model(x, y):
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
     with pyro.plate("data", x.shape[0]):
         pyro.sample(
@@ -54,24 +88,99 @@ def model(x, y):
         )
 
 
+def digits_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1], 10]).to_event(2))
+    with pyro.plate("data", x.shape[0]):
+        logits = pyro.subsample(x, event_dim=1) @ w
+        pyro.sample("y", dist.Categorical(logits=logits), obs=pyro.subsample(y, event_dim=0))
+
+
+def digits():
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    pixels = torch.as_tensor(data.data, dtype=torch.get_default_dtype()) / 16
+    return torch.cat([torch.ones(len(pixels), 1), pixels], 1), torch.as_tensor(data.target)
+
+
+# per data set: title, data, model, whitened reference, chains started at reference draws, kernel options,
+# and the full and quick sizes (chains, draws per run, reference draws)
+DATASETS = {
+    "titanic": ("Titanic, d = 4", pyro_fed.datasets.titanic, titanic_model, False, False, {},
+                (4, 5000, 5000), (2, 500, 500)),
+    "digits": ("digits, d = 650", digits, digits_model, True, True, dict(thinning=4, gradient_mode="traced"),
+               (8, 1000, 2000), (2, 100, 300)),
+}  # fmt: skip
+
+
+def nuts_reference(model, x, y, samples, whiten):
+    """NUTS on the pooled data: draws ``{"w": [K, ...]}``; ``whiten``: in the coordinates ``z`` of
+    ``w = mode + A z``, with ``A A^T`` the inverse Hessian of the potential at the mode."""
+    if not whiten:
+        mcmc = MCMC(NUTS(model), num_samples=samples, warmup_steps=WARMUP, disable_progbar=True)
+        mcmc.run(x, y)
+        return mcmc.get_samples()
+    _, potential_fn, _, _ = initialize_model(model, model_args=(x, y))
+    shape = poutine.trace(model).get_trace(x, y).nodes["w"]["value"].shape
+
+    def potential(flat):
+        return potential_fn({"w": flat.reshape(shape)})
+
+    flat = torch.zeros(shape.numel(), requires_grad=True)
+    lbfgs = torch.optim.LBFGS([flat], max_iter=500, tolerance_grad=1e-9, line_search_fn="strong_wolfe")
+
+    def closure():
+        lbfgs.zero_grad()
+        value = potential(flat)
+        value.backward()
+        return value
+
+    lbfgs.step(closure)
+    mode = flat.detach()
+    a = torch.linalg.cholesky(torch.linalg.inv(torch.autograd.functional.hessian(potential, mode)))
+    # z is near-isotropic: a mass matrix adapted over the warm-up's short windows only made deeper trees
+    kernel = NUTS(potential_fn=lambda params: potential(mode + a @ params["z"]), adapt_mass_matrix=False)
+    mcmc = MCMC(kernel, samples, WARMUP, initial_params={"z": torch.zeros_like(mode)}, disable_progbar=True)
+    mcmc.run()
+    return {"w": (mode + mcmc.get_samples()["z"] @ a.T).reshape(-1, *shape)}
+
+
+def hpd(potential, samples, chains):
+    """eta, its Monte Carlo standard error and the per-chain etas of draws ``{site: [chains * K, ...]}``."""
+    potentials = draw_potentials(potential, samples).reshape(chains, -1)
+    return {
+        "eta": hpd_level(potentials.flatten(), ALPHA),
+        "eta_mcse": float(az.mcse(potentials.numpy(), method="quantile", prob=1 - ALPHA)),
+        "eta_per_chain": [hpd_level(p, ALPHA) for p in potentials],
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="titanic")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
-    chains, samples, ref_samples = (2, 500, 500) if args.quick else (4, 5000, 5000)
+    title, data, model, whiten, start_at_reference, options, full, quick = DATASETS[args.dataset]
+    chains, samples, ref_samples = quick if args.quick else full
+    thinning = options.get("thinning", 1)
     torch.set_default_dtype(torch.float64)
-    x, y = pyro_fed.datasets.titanic()
+    x, y = data()
     clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    start = time.perf_counter()
 
     pyro.set_rng_seed(0)
-    reference = MCMC(NUTS(model), num_samples=ref_samples, warmup_steps=500, disable_progbar=True)
-    reference.run(x, y)
+    reference = nuts_reference(model, x, y, ref_samples, whiten)
+    ref_seconds = time.perf_counter() - start
+    initial = None
+    if start_at_reference:  # evenly spaced reference draws
+        initial = {k: v[torch.linspace(0, ref_samples - 1, chains).long()] for k, v in reference.items()}
     rows = []
     potential = None
     for participation in (1.0, 0.5):
         for levels in (2**4, 2**8, 2**16, None):
             pyro.set_rng_seed(1)
+            run_start = time.perf_counter()
             kernel = QlsdKernel(
                 model,
                 clients,
@@ -80,53 +189,89 @@ def main(argv=None) -> None:
                 snapshot_every=20,
                 participation=participation,
                 batch_size=0.1,
+                **options,
             )
             mcmc = MCMC(
-                kernel, num_samples=samples, warmup_steps=500, num_chains=chains, disable_progbar=True
+                kernel,
+                num_samples=samples,
+                warmup_steps=WARMUP // thinning,
+                num_chains=chains,
+                initial_params=initial,
+                disable_progbar=True,
             )
             mcmc.run(x, y)
             potential = kernel.potential
-            level = hpd_level(draw_potentials(potential, mcmc.get_samples()), ALPHA)
-            bits = np.mean(list(mcmc.diagnostics()["uploaded bits"].values())) / (500 + samples)
+            diagnostics = mcmc.diagnostics()
+            iterations = (WARMUP // thinning + samples) * thinning
+            bits = np.mean(list(diagnostics["uploaded bits"].values())) / iterations
+            # the sample statistic is cumulative: its growth over the draws
+            stats = diagnostics["sample_stats"].values()
+            sampling = np.mean([s["uploaded_bits"][-1] - s["uploaded_bits"][0] for s in stats])
             rows.append(
                 {
                     "sampler": "LSD++" if levels is None else f"QLSD++ s=2^{int(np.log2(levels))}",
                     "participation": participation,
-                    "eta": level,
+                    **hpd(potential, mcmc.get_samples(), chains),
                     "step_size": kernel.current_step_size,
                     "bits_per_iteration": float(bits),
+                    "sampling_bits_per_iteration": float(sampling / ((samples - 1) * thinning)),
+                    "seconds": time.perf_counter() - run_start,
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-    reference_level = hpd_level(draw_potentials(potential, reference.get_samples()), ALPHA)
+    ref = {**hpd(potential, reference, 1), "seconds": ref_seconds}
     for row in rows:
-        row["relative_hpd_error"] = relative_hpd_error(row["eta"], reference_level)
+        row["relative_hpd_error"] = relative_hpd_error(row["eta"], ref["eta"])
+        row["relative_hpd_error_se"] = float(np.hypot(row["eta_mcse"], ref["eta_mcse"]) / abs(ref["eta"]))
         lsd = next(r for r in rows if r["sampler"] == "LSD++" and r["participation"] == row["participation"])
-        row["bit_efficiency"] = lsd["bits_per_iteration"] / row["bits_per_iteration"]
-    write(rows, reference_level, args, chains, samples, ref_samples)
-
-
-def write(rows, reference_level, args, chains, samples, ref_samples) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "qlsd_hpd_quick" if args.quick else "qlsd_hpd"
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"rows": rows, "reference_eta": reference_level}, indent=2)
+        row["eta_minus_lsd_in_se"] = (row["eta"] - lsd["eta"]) / np.hypot(row["eta_mcse"], lsd["eta_mcse"])
+        for kind in ("", "sampling_"):
+            row[f"{kind}bit_efficiency"] = lsd[f"{kind}bits_per_iteration"] / row[f"{kind}bits_per_iteration"]
+    ref_text = f"NUTS on the pooled data{', whitened' if whiten else ''} ({ref_samples} draws)"
+    runs = f"{chains} chains x ({WARMUP} + {samples * thinning}) iterations" + (
+        f", every {thinning}th kept" if thinning > 1 else ""
     )
+    if start_at_reference:
+        runs += ", started at reference draws"
+    write(rows, ref, ref_text, time.perf_counter() - start, args, title, runs)
+
+
+def write(rows, ref, ref_text, seconds, args, title, runs) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    dataset = "" if args.dataset == "titanic" else f"_{args.dataset}"
+    stem = f"qlsd_hpd{dataset}{'_quick' if args.quick else ''}"
+    results = {
+        "rows": rows,
+        "reference_eta": ref["eta"],
+        "reference": {**ref, "what": ref_text},
+        "seconds": seconds,
+    }
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    options = (f" --dataset {args.dataset}" if dataset else "") + (" --quick" if args.quick else "")
     lines = [
-        "# Relative HPD error of QLSD++ against LSD++ (Titanic, 10 Dirichlet clients)",
+        f"# Relative HPD error of QLSD++ against LSD++ ({title}, 10 Dirichlet clients)",
         "",
-        f"Written by `benchmarks/qlsd_hpd.py{' --quick' if args.quick else ''}` (see its docstring): "
-        f"{chains} chains x (500 + {samples}) iterations per run; reference eta_0.05 = {reference_level:.3f} "
-        f"from NUTS ({ref_samples} draws).",
+        f"Written by `benchmarks/qlsd_hpd.py{options}` (see its docstring) in {seconds / 60:.1f} min: "
+        f"{runs} per run; reference eta_0.05 = {ref['eta']:.3f} "
+        f"± {ref['eta_mcse']:.3f} from {ref_text}, in {ref['seconds']:.0f} s.",
         "",
-        "| sampler | participation | eta_0.05 | relative HPD error | bits / iteration "
-        "| relative bit efficiency | step |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "± are Monte Carlo standard errors (ArviZ's quantile mcse over the chains). Δ LSD++: eta minus "
+        "LSD++'s eta at the same participation, in standard errors of the difference of independent runs "
+        "(the runs share seed 1, not their draws). Bits / iteration: the kernel's uploaded bits over the "
+        "whole run, set-up included, / all iterations; sampling: over the sampling iterations only.",
+        "",
+        "| sampler | participation | eta_0.05 | relative HPD error | Δ LSD++ (s.e.) | bits / iteration "
+        "| relative bit efficiency | sampling bits / iteration | sampling efficiency | step | time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['sampler']} | {r['participation']} | {r['eta']:.3f} | {r['relative_hpd_error']:.2e} | "
-            f"{r['bits_per_iteration']:.0f} | {r['bit_efficiency']:.2f} | {r['step_size']:.3g} |"
+            f"| {r['sampler']} | {r['participation']} | {r['eta']:.3f} ± {r['eta_mcse']:.3f} | "
+            f"{r['relative_hpd_error']:.2e} ± {r['relative_hpd_error_se']:.1e} | "
+            f"{'—' if r['sampler'] == 'LSD++' else format(r['eta_minus_lsd_in_se'], '+.1f')} | "
+            f"{r['bits_per_iteration']:.0f} | {r['bit_efficiency']:.2f} | "
+            f"{r['sampling_bits_per_iteration']:.0f} | {r['sampling_bit_efficiency']:.2f} | "
+            f"{r['step_size']:.3g} | {r['seconds']:.0f} |"
         )
     text = "\n".join(lines) + "\n"
     (args.out / f"{stem}.md").write_text(text)
