@@ -28,7 +28,7 @@ memory rate :math:`1/(\omega+1)`:
   draw* (8 evenly spaced ones). From the kernel's default start (a draw of the diagonal Laplace
   approximation) the potential first drops then climbs back over ~1/(2 h lambda_min) ~ 4000 iterations at
   the automatic step h ~ 0.004 (lambda_min ~ 0.03 for the preconditioned Hessian), ~20000 at participation
-  0.5 (h ~ 0.0005-0.001): a smoke run of 700 iterations gave eta 60-125 below the reference, ordered by step
+  0.5 (h ~ 0.0005-0.001): a smoke run of 700 iterations gave eta 55-125 below the reference, ordered by step
   size, i.e. it measured the transient. Started at posterior draws, the runs measure how far each sampler
   drifts from the posterior where it can move within 4500 iterations (the stiff directions, where the
   step's and the gradient noise's biases act); the slowest directions barely leave the posterior draw,
@@ -46,10 +46,14 @@ draws) and over the sampling iterations only (from the cumulative ``uploaded_bit
 models): QLSD++ matches LSD++'s HPD error while 3–7x cheaper in bits. With ``d = 4`` the 32 bits of each
 message's norm weigh more, so Titanic's saving is smaller; digits (``d = 650``) is near the paper's size.
 
+Digits' time: about 3 minutes of NUTS and about 70 s per QLSD run (of which ~10-20 s set-up: mode search,
+curvatures, noise measurement) when the 2 cores are free; the recorded run took 25 minutes on a shared
+machine, one run alone 14 minutes (torch's two threads competing with other processes).
+
 Run::
 
     python benchmarks/qlsd_hpd.py                      # Titanic, about 5 minutes on 2 CPU cores
-    python benchmarks/qlsd_hpd.py --dataset digits     # digits, about 15 minutes on 2 CPU cores
+    python benchmarks/qlsd_hpd.py --dataset digits     # digits, about 13 minutes on 2 idle CPU cores
     python benchmarks/qlsd_hpd.py [--dataset digits] --quick    # smoke runs (a few minutes each)
 
 Results: ``benchmarks/results/qlsd_hpd{,_quick}.{md,json}`` (Titanic) and
