@@ -45,7 +45,8 @@ class QlsdKernel(FederatedKernel):
     :math:`g = \sum_i \eta^i` (without memory: a noise-only step). Each active client uploads one quantised
     message (:meth:`~pyro_fed.compression.StochasticQuantizer.bits`; ``32 d`` uncompressed) and downloads
     :math:`\theta` (``32 d``); a snapshot sends :math:`\theta` to every client. ``sample_stats`` records
-    ``active_clients``, ``uploaded_bits`` and ``downloaded_bits`` per draw (and ``snapshot`` for QLSD++).
+    per draw ``active_clients`` (and ``snapshot`` for QLSD++) beside the cumulative ``uploaded_bits`` and
+    ``downloaded_bits``.
 
     **Reference:** Vono, Plassier, Durmus, Dieuleveut, Moulines, *QLSD: Quantised Langevin stochastic
     dynamics for Bayesian federated learning*, AISTATS 2022, Algorithms 1, 2 and S1.
