@@ -46,12 +46,11 @@ def _potential(mcmc) -> FederatedPotential:
 def _agents_group(potential: FederatedPotential, flat: np.ndarray) -> xr.Dataset:
     """The agents' unconstrained iterates ``[C, D, n, d]``, constrained: one variable per site, with dims
     ``chain, draw, agent`` and ArviZ's default names for the site's own."""
-    flat = torch.as_tensor(flat)
+    unconstrained = potential.unconstrained_params(torch.as_tensor(flat))
     variables = {}
     for site in potential.latent_sites:
-        unconstrained = flat[..., site.start : site.stop].reshape(*flat.shape[:-1], *site.shape)
         dims = ("chain", "draw", "agent", *(f"{site.name}_dim_{i}" for i in range(len(site.shape))))
-        variables[site.name] = (dims, potential.transforms[site.name].inv(unconstrained).numpy())
+        variables[site.name] = (dims, potential.transforms[site.name].inv(unconstrained[site.name]).numpy())
     return xr.Dataset(variables)
 
 

@@ -47,6 +47,7 @@ from pyro.poutine.runtime import NonlocalExit
 from pyro.poutine.util import site_is_factor, site_is_subsample
 
 from .potential import FederatedPotential
+from .predictive import map_draw_chunks
 
 if TYPE_CHECKING:
     import arviz as az
@@ -109,9 +110,7 @@ def draw_potentials(potential: FederatedPotential, samples: Draws) -> torch.Tens
     transforms = potential.transforms
     draws = _posterior_draws(samples, potential.dtype, potential.device)
     unconstrained = {name: transforms[name](value) for name, value in draws.items() if name in transforms}
-    k = next(iter(unconstrained.values())).shape[0]
-    flat = torch.cat([unconstrained[s.name].reshape(k, -1) for s in potential.latent_sites], -1)
-    return potential.total_potentials(flat)
+    return potential.total_potentials(potential.flatten(unconstrained))
 
 
 def hpd_level(potentials: torch.Tensor, alpha: float = 0.05) -> float:
@@ -231,29 +230,18 @@ def predictive_probabilities(
             return _class_probabilities(stop.site["fn"], site)
         raise ValueError(f"site {site!r} is not a sample site of the model run on the test inputs.")
 
-    def draw_by_draw(chunk: dict[str, torch.Tensor]) -> torch.Tensor:
-        size = len(next(iter(chunk.values())))
-        return torch.stack([one_draw({k: v[i] for k, v in chunk.items()}) for i in range(size)])
-
     with torch.no_grad(), pyro.validation_enabled(False):  # validation checks values, which vmap forbids
         first = one_draw({k: v[0] for k, v in draws.items()})  # unvectorised: clear errors, output size
         # float64 sums keep the small probabilities that the NLL needs; MPS has no float64
         dtype = first.dtype if first.device.type == "mps" else torch.float64
         total = torch.zeros(first.shape, dtype=dtype, device=first.device)
         chunk_size = chunk_size or max(1, 2**22 // first.numel())
-        # not predictive._map_draws: it concatenates all draws' outputs (K x N x C) where a running sum will
-        # do, and falls back to one draw at a time only for vmap's randomness errors (nothing samples here)
-        evaluate = torch.func.vmap(one_draw)
-        for start in range(0, num_draws, chunk_size):
-            chunk = {k: v[start : start + chunk_size] for k, v in draws.items()}
-            try:
-                probs = evaluate(chunk)
-            except Exception:  # vmap cannot run every model (`.item()`, Python branching on a latent value)
-                if evaluate is draw_by_draw:
-                    raise
-                evaluate = draw_by_draw
-                probs = evaluate(chunk)
-            total += probs.sum(0, dtype=total.dtype)
+        # a running sum over chunks (not all K x N x C outputs); vmap cannot run every model (`.item()`,
+        # Python branching on a latent value): any vmap error falls back to draw by draw (nothing samples)
+        for chunk in map_draw_chunks(
+            lambda draw: {"probs": one_draw(draw)}, draws, chunk_size, falls_back=lambda error: True
+        ):
+            total += chunk["probs"].sum(0, dtype=total.dtype)
     return total / num_draws
 
 

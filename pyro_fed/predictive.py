@@ -11,25 +11,30 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from .sites import ModelSites
 
 
-def _map_draws(
-    fn: Callable, values: dict[str, torch.Tensor], chunk_size: int | None, num_data: int, **vmap_kw
-) -> dict[str, torch.Tensor]:
-    """Apply ``fn`` (one draw's constrained values -> dict of tensors) to draws with a leading dimension,
-    vectorised over chunks of draws (by default about ``2**22`` data evaluations per chunk).
+def _needs_own_randomness(error: Exception) -> bool:
+    """Some samplers of ``torch.distributions`` (e.g. ``Normal.sample``) fill an unbatched tensor in place,
+    which :func:`torch.func.vmap` cannot give independent randomness per draw."""
+    return isinstance(error, RuntimeError) and "randomness" in str(error)
 
-    Some samplers of ``torch.distributions`` (e.g. ``Normal.sample``) fill an unbatched tensor in place,
-    which :func:`torch.func.vmap` cannot give independent randomness per draw: those chunks run draw by
-    draw instead.
-    """
+
+def map_draw_chunks(
+    fn: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+    values: dict[str, torch.Tensor],
+    chunk_size: int,
+    falls_back: Callable[[Exception], bool] = _needs_own_randomness,
+    **vmap_kw,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """``fn`` (one draw's values -> dict of tensors) over draws with a leading dimension, a chunk of
+    ``chunk_size`` draws at a time: each chunk's outputs stacked, vectorised with :func:`torch.func.vmap`.
+    From the first chunk whose vmap raises an error that ``falls_back`` accepts, the draws run one by one."""
     num_draws = next(iter(values.values())).shape[0]
-    chunk_size = chunk_size or max(1, 2**22 // max(num_data, 1))
     mapped = torch.func.vmap(fn, **vmap_kw)
 
     def one_by_one(chunk):
@@ -38,17 +43,24 @@ def _map_draws(
         ]
         return {k: torch.stack([o[k] for o in outputs]) for k in outputs[0]}
 
-    chunks = []
+    for start in range(0, num_draws, chunk_size):
+        chunk = {k: v[start : start + chunk_size] for k, v in values.items()}
+        try:
+            yield mapped(chunk)
+        except Exception as error:
+            if mapped is one_by_one or not falls_back(error):
+                raise
+            mapped = one_by_one
+            yield mapped(chunk)
+
+
+def _map_draws(
+    fn: Callable, values: dict[str, torch.Tensor], chunk_size: int | None, num_data: int, **vmap_kw
+) -> dict[str, torch.Tensor]:
+    """:func:`map_draw_chunks` over all draws (by default about ``2**22`` data evaluations per chunk), the
+    outputs concatenated; draw by draw when a sampler needs its own randomness."""
     with torch.no_grad():
-        for start in range(0, num_draws, chunk_size):
-            chunk = {k: v[start : start + chunk_size] for k, v in values.items()}
-            try:
-                chunks.append(mapped(chunk))
-            except RuntimeError as error:
-                if "randomness" not in str(error):
-                    raise
-                mapped = one_by_one
-                chunks.append(mapped(chunk))
+        chunks = list(map_draw_chunks(fn, values, chunk_size or max(1, 2**22 // max(num_data, 1)), **vmap_kw))
     return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
 
 

@@ -67,12 +67,19 @@ class UnconstrainedSpace:
         return values, log_det
 
     def unconstrained_params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Split a flat unconstrained vector into Pyro's ``{site: unconstrained value}`` dict."""
-        return {s.name: flat[s.start : s.stop].reshape(s.shape) for s in self.latent_sites}
+        """Split flat unconstrained vectors ``[..., d]`` into Pyro's ``{site: unconstrained value}`` dict,
+        each ``[..., *site.shape]``."""
+        lead = flat.shape[:-1]
+        return {s.name: flat[..., s.start : s.stop].reshape((*lead, *s.shape)) for s in self.latent_sites}
 
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Inverse of :meth:`unconstrained_params`."""
-        return torch.cat([params[s.name].reshape(-1) for s in self.latent_sites])
+        """Inverse of :meth:`unconstrained_params`: ``[..., d]`` from values ``[..., *site.shape]``."""
+        parts = []
+        for site in self.latent_sites:
+            value = params[site.name]
+            batch_shape = value.shape[: value.dim() - len(site.shape)]
+            parts.append(value.reshape(*batch_shape, -1))
+        return torch.cat(parts, -1)
 
     @property
     def transforms(self) -> dict[str, torch.distributions.Transform]:
