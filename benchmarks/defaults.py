@@ -27,7 +27,9 @@ step size, no preconditioner given — is compared with it, per compared quantit
 - ``mean err`` = :math:`\max_j |\hat\mu_j - \mu^{NUTS}_j| / \sigma^{NUTS}_j` (target ≤ 0.2);
 - ``sd err`` = :math:`\max_j |\hat\sigma_j / \sigma^{NUTS}_j - 1|` (target ≤ 0.15);
 - ``ESS/s``: the min over quantities of ArviZ's bulk ESS, divided by the wall time of ``mcmc.run``
-  (warm-up, adaptation, tracing and compilation included; all chains of the run pooled).
+  (warm-up, adaptation, tracing and compilation included; all chains of the run pooled);
+- ``preconditioner``: the form the warm-up chose, with the condition number :math:`\kappa` the diagonal
+  one leaves (the dense one is taken above 4, see :mod:`pyro_fed.algorithms.adaptation`).
 
 Both errors include the Monte Carlo error of both runs (the table prints both ESS: with ESS :math:`E`, a
 mean has standard error :math:`\sigma/\sqrt E` and an sd about :math:`1/\sqrt{2E}` relative), so a run
@@ -251,7 +253,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float64)
     warmup, samples, nuts_warmup, nuts_samples = (
         (100, 400, 100, 200) if args.quick else (500, 5000, 500, 1000)
@@ -277,6 +282,8 @@ def main(argv=None) -> None:
             "fald_seconds": fald_seconds,
             "nuts_seconds": nuts_seconds,
             "step_size": kernel.adaptation.step_size,
+            "preconditioner": "dense" if kernel.adaptation.preconditioner.dim() == 2 else "diagonal",
+            "condition": kernel.adaptation.condition,
             "curvature_span": float(
                 kernel.adaptation.curvature.abs().max() / kernel.adaptation.curvature.abs().min()
             ),
@@ -308,6 +315,7 @@ def write(rows: list[dict], args) -> None:
         "torch": torch.__version__,
         "pyro": pyro.__version__,
         "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
     }
     (args.out / f"{stem}.json").write_text(json.dumps({"rows": rows, "info": info}, indent=2))
     lines = [
@@ -317,8 +325,8 @@ def write(rows: list[dict], args) -> None:
         f"Targets: mean err ≤ {MEAN_TARGET}, sd err ≤ {SD_TARGET}. {info}",
         "",
         "| model | d | mean err | sd err | passes | FALD ESS | FALD s | FALD ESS/s | NUTS ESS | NUTS s "
-        "| NUTS ESS/s | ESS/s ratio | step | curvature span | divergences |",
-        "|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| NUTS ESS/s | ESS/s ratio | step | preconditioner (κ diagonal) | curvature span | divergences |",
+        "|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         cells = [
@@ -335,6 +343,7 @@ def write(rows: list[dict], args) -> None:
             f"{r['nuts_ess_per_s']:.1f}",
             f"{r['fald_ess_per_s'] / r['nuts_ess_per_s']:.2f}",
             f"{r['step_size']:.3g}",
+            f"{r['preconditioner']} ({r['condition']:.3g})",
             f"{r['curvature_span']:.3g}",
             r["divergences"],
         ]

@@ -73,11 +73,16 @@ class InProcessNetwork:
         bits = np.asarray(averaged, np.int64) * BITS_PER_FLOAT * self.dim * self.num_clients
         return bits, bits
 
-    def record_averages(self, count: int) -> None:
-        """Count ``count`` averages of ``d`` floats that every chain made outside its iterations (set-up
-        work: a mode search, curvatures, a first refresh); they are not rounds of the iterates."""
+    def record_averages(self, count: int, *, shared: bool = False) -> None:
+        """Count ``count`` averages of ``d`` floats made outside the iterations (set-up work: a mode search,
+        curvatures, a first refresh); they are not rounds of the iterates. Work done for each chain (its
+        first refresh) is counted on every chain; ``shared`` work, done once for all of them (the warm-up's
+        adaptation, a mode search), on the first chain only, so that the chains' counts add up to what the
+        run sent."""
         chains = len(self.uploaded_bits)
-        self.record(*self.averages_traffic(np.full((1, chains), count)), np.zeros((1, chains), dtype=bool))
+        counts = np.zeros((1, chains), dtype=np.int64)
+        counts[0, : 1 if shared else chains] = count
+        self.record(*self.averages_traffic(counts), np.zeros((1, chains), dtype=bool))
 
     def record(
         self, uploaded: np.ndarray, downloaded: np.ndarray, rounds: np.ndarray

@@ -1,8 +1,11 @@
 """Warm-up adaptation: each quantity against its exact value on Gaussian clients, the adapted kernels'
 exact stationary law, reproducibility, and the defaults on a posterior whose scales differ by 100x."""
 
+import math
+
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -36,26 +39,49 @@ def anisotropic_problem(num_data=60, num_clients=3, seed=0):
     return x, y, clients, exact
 
 
+def correlated_problem(num_data=60, num_clients=3, seed=0):
+    """A conjugate regression with two nearly collinear features (correlation ~0.995): a posterior whose
+    correlation no diagonal preconditioner undoes (condition number ~400 after it); client ranges of the
+    first feature."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(num_data, 3, generator=g)
+    x = torch.stack([z[:, 0], z[:, 0] + 0.1 * z[:, 1], z[:, 2]], 1)
+    y = x @ torch.tensor([1.0, -0.5, 2.0]) + NOISE_SD * torch.randn(num_data, generator=g)
+    clients = torch.empty(num_data, dtype=torch.long)
+    clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
+    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / num_data)
+    return x, y, clients, exact
+
+
 def preconditioned(clients: GaussianClients, inverse_mass: torch.Tensor) -> GaussianClients:
-    """The clients in the coordinates y = x / sqrt(m), where the preconditioned step is the plain one."""
-    scales = inverse_mass.sqrt()
-    return GaussianClients(scales[:, None] * clients.precisions * scales, clients.means / scales)
+    """The clients in the coordinates y = R^-1 x (R the symmetric root of the inverse mass, sqrt(m) for a
+    diagonal one), where the preconditioned step is the plain one."""
+    root = matrix_root(inverse_mass)
+    return GaussianClients(
+        root @ clients.precisions @ root, torch.linalg.solve(root, clients.means[..., None])[..., 0]
+    )
+
+
+def matrix_root(inverse_mass: torch.Tensor) -> torch.Tensor:
+    root = adaptation.square_root(inverse_mass)
+    return torch.diag(root) if root.dim() == 1 else root
 
 
 def check_chains_against_preconditioned_law(chains, law_y, inverse_mass):
     """Independent chains (``[C, K, d]``) against the exact stationary law of a preconditioned recursion,
-    computed in ``y = x / sqrt(m)`` and mapped back: the mean and covariance of the chains against the law's,
-    with the law's exact standard errors divided by ``sqrt(C)``. Returns the law's mean and covariance."""
-    scales = inverse_mass.sqrt()
-    law_mean, law_cov = scales * law_y.mean, scales[:, None] * law_y.cov * scales
+    computed in ``y = R^-1 x`` and mapped back (the draw ``read @ state`` becomes ``R @ read @ state``): the
+    mean and covariance of the chains against the law's, with the law's exact standard errors divided by
+    ``sqrt(C)``. Returns the law's mean and covariance in ``x``."""
+    root = matrix_root(inverse_mass)
+    law = law_y._replace(mean=root @ law_y.mean, cov=root @ law_y.cov @ root, read=root @ law_y.read)
     num_chains, num_draws = chains.shape[:2]
     draws_mean = chains.mean(1).mean(0)
     draws_cov = torch.stack([c.T.cov() for c in chains]).mean(0)
-    mean_tol = Z * scales * law_y.mean_standard_error(num_draws) / num_chains**0.5
-    cov_tol = Z * scales[:, None] * law_y.covariance_standard_error(num_draws) * scales / num_chains**0.5
-    assert ((draws_mean - law_mean).abs() <= mean_tol).all(), (draws_mean, law_mean, mean_tol)
-    assert ((draws_cov - law_cov).abs() <= cov_tol).all(), (draws_cov, law_cov, cov_tol)
-    return law_mean, law_cov
+    mean_tol = Z * law.mean_standard_error(num_draws) / num_chains**0.5
+    cov_tol = Z * law.covariance_standard_error(num_draws) / num_chains**0.5
+    assert ((draws_mean - law.mean).abs() <= mean_tol).all(), (draws_mean, law.mean, mean_tol)
+    assert ((draws_cov - law.cov).abs() <= cov_tol).all(), (draws_cov, law.cov, cov_tol)
+    return law.mean, law.cov
 
 
 def potential_of(x, y, clients):
@@ -77,13 +103,48 @@ def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
     mode, evaluations = adaptation.find_mode(potential, gradient, torch.zeros(3))
     # L-BFGS stops within 1e-3 nats of the optimum: a distance of ~0.05 posterior sds at most
     assert (mode - mean).abs().max() < 1e-6 and evaluations < 100
-    diagonals = adaptation.client_hessian_diagonals(pot.full_gradient_fn, mode, pot.num_clients)
+    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, pot.num_clients, total=True)
     torch.testing.assert_close(diagonals, exact.precisions.diagonal(dim1=-2, dim2=-1), rtol=1e-10, atol=0)
-    inverse_mass = adaptation.preconditioner(diagonals.sum(0))
-    stiffness = adaptation.client_stiffness(pot.full_gradient_fn, mode, inverse_mass.sqrt(), pot.num_clients)
-    expected = torch.linalg.eigvalsh(preconditioned(exact, inverse_mass).precisions).max(-1).values
-    # power iteration stops when the Rayleigh quotients move by less than 1e-3 (relative) per iteration
-    torch.testing.assert_close(stiffness, expected, rtol=1e-2, atol=0)
+    torch.testing.assert_close(hessian, exact.precisions.sum(0), rtol=1e-10, atol=0)
+    for inverse_mass in (
+        adaptation.preconditioner(diagonals.sum(0)),
+        adaptation.dense_preconditioner(hessian),
+    ):
+        root = adaptation.square_root(inverse_mass)
+        # at the mode and at another point (the same Hessians: Gaussian clients)
+        points = torch.stack([mode, mode + 1.0])
+        stiffness = adaptation.client_stiffness(pot.full_gradient_fn, points, root, pot.num_clients)
+        expected = torch.linalg.eigvalsh(preconditioned(exact, inverse_mass).precisions).max(-1).values
+        # power iteration stops when the Rayleigh quotients move by less than 1e-3 (relative) per iteration
+        torch.testing.assert_close(stiffness, expected.expand(2, -1), rtol=1e-2, atol=0)
+
+
+def test_dense_preconditioner_whitens_the_hessian_and_its_condition_number_is_measured():
+    g = torch.Generator().manual_seed(0)
+    factor = torch.randn(4, 4, generator=g, dtype=torch.float64)
+    hessian = factor @ factor.T + 0.1 * torch.eye(4, dtype=torch.float64)
+    dense = adaptation.dense_preconditioner(hessian)
+    torch.testing.assert_close(dense, torch.linalg.inv(hessian))
+    root = adaptation.square_root(dense)
+    torch.testing.assert_close(root @ root.T, dense)
+    torch.testing.assert_close(root @ hessian @ root, torch.eye(4, dtype=torch.float64))
+    assert adaptation.condition_number(hessian, dense) == pytest.approx(1.0)
+    # the diagonal preconditioner leaves the correlations: its condition number is that of the correlation
+    diagonal = adaptation.preconditioner(hessian.diagonal())
+    scaled = hessian / (hessian.diagonal()[:, None] * hessian.diagonal()).sqrt()
+    eigenvalues = torch.linalg.eigvalsh(scaled)
+    assert adaptation.condition_number(hessian, diagonal) == pytest.approx(
+        float(eigenvalues[-1] / eigenvalues[0])
+    )
+    # a saddle's negative curvature is taken by its magnitude: M stays positive definite
+    saddle = torch.diag(torch.tensor([2.0, -0.5], dtype=torch.float64))
+    torch.testing.assert_close(
+        adaptation.dense_preconditioner(saddle), torch.diag(torch.tensor([0.5, 2.0])).double()
+    )
+    # the step tensors: gamma m per coordinate, or the root of gamma M
+    step = adaptation.preconditioned_step(0.3, dense)
+    torch.testing.assert_close(step @ step.T, 0.3 * dense)
+    torch.testing.assert_close(adaptation.preconditioned_step(0.3, diagonal), 0.3 * diagonal)
 
 
 def test_preconditioner_floor_step_size_and_noise_formulas():
@@ -93,9 +154,16 @@ def test_preconditioner_floor_step_size_and_noise_formulas():
     assert adaptation.step_size(stiffness=2.0, noise=0.0, num_clients=5) == pytest.approx(0.1)
     # the noise bound 2 b nu / noise = 2 * 5 * 0.1 / 10 = 0.1 against 0.2 / 0.5 = 0.4
     assert adaptation.step_size(stiffness=0.5, noise=10.0, num_clients=5) == pytest.approx(0.1)
-    draws = torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[-1.0, 0.0], [0.0, -2.0]]])  # [R=2, b=2, d=2]
+    at_one_point = torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[-1.0, 0.0], [0.0, -2.0]]])  # [R=2, b=2, d=2]
     # variances over R summed over clients: [2, 8]; times m = [1, 0.5]: max 4
-    assert adaptation.gradient_noise(draws, torch.tensor([1.0, 0.5])) == pytest.approx(4.0)
+    root = torch.tensor([1.0, 0.5]).sqrt()
+    assert adaptation.gradient_noise(at_one_point[:, None], root) == pytest.approx(4.0)
+    # a second point with twice the spread (variances [8, 32]): averaged over the points, [5, 20] * m: max 10
+    draws = torch.stack([at_one_point, 2 * at_one_point], 1)  # [R=2, P=2, b=2, d=2]
+    assert adaptation.gradient_noise(draws, root) == pytest.approx(10.0)
+    # a dense root: the variances of the whitened draws, v @ R = ((v0 + v1) / sqrt 2) (1, 1): 1 + 4 = 5
+    dense_root = torch.ones(2, 2) / 2**0.5
+    assert adaptation.gradient_noise(at_one_point[:, None], dense_root) == pytest.approx(5.0)
 
 
 # ----------------------------------------------------------------------------------- in the kernels
@@ -131,6 +199,68 @@ def test_defaults_sample_the_anisotropic_posterior_with_the_exact_law_of_the_cho
     torch.testing.assert_close(law_mean, mean, rtol=0, atol=1e-9 * float(covariance.diagonal().sqrt().min()))
     # the isotropic step of the same stability cannot do it: its slowest direction decorrelates 1e4x slower
     assert float(chosen.preconditioner.max() / chosen.preconditioner.min()) > 1e3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_type", [FaldKernel, VrFaldKernel])
+def test_defaults_choose_the_dense_preconditioner_for_a_correlated_posterior_and_have_its_exact_law(
+    kernel_type,
+):
+    # nearly collinear features: the diagonal preconditioner would leave a condition number of ~400, so the
+    # warm-up takes the dense one, M = H^-1 (the exact posterior covariance here); the draws follow the exact
+    # law of that recursion (the plain one in y = R^-1 x), every variance within the step's 11%
+    x, y, clients, exact = correlated_problem()
+    mean, covariance = exact.posterior()
+    kernel = kernel_type(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    chains = run(kernel, (x, y), num_samples=4000, num_chains=4).get_samples(group_by_chain=True)["w"]
+    chosen = kernel.adaptation
+    assert chosen.condition > 100 and chosen.preconditioner.shape == (3, 3)
+    torch.testing.assert_close(chosen.preconditioner, covariance, rtol=1e-8, atol=0)
+    clients_y = preconditioned(exact, chosen.preconditioner)
+    if kernel_type is FaldKernel:
+        law_y = fald_stationary_law(clients_y, chosen.step_size, 1.0, 1.0)
+    else:
+        law_y = vr_fald_stationary_law(clients_y, chosen.step_size, 1.0, 1.0, 1.0)
+    law_mean, law_cov = check_chains_against_preconditioned_law(chains, law_y, chosen.preconditioner)
+    ratio = law_cov.diagonal() / covariance.diagonal()
+    assert (ratio >= 1).all() and (ratio <= 1 / (1 - adaptation.STEP_TARGET / 2) + 1e-9).all(), ratio
+    torch.testing.assert_close(law_mean, mean, rtol=0, atol=1e-9 * float(covariance.diagonal().sqrt().min()))
+    # the dense set-up costs d rounds (every client's Hessian) instead of one
+    assert chosen.rounds >= 3
+
+
+def test_preconditioner_forms_can_be_chosen_and_a_dense_matrix_given():
+    x, y, clients, exact = correlated_problem()
+    _, covariance = exact.posterior()
+    chosen = {}
+    for form in ("diagonal", "dense"):
+        kernel = FaldKernel(
+            gaussian_regression(NOISE_SD), clients, preconditioner=form, gradient_mode="traced"
+        )
+        pyro.set_rng_seed(0)  # the same start for the mode search: the same number of its rounds
+        run(kernel, (x, y), num_samples=2, warmup=0)
+        chosen[form] = kernel.adaptation
+    torch.testing.assert_close(chosen["diagonal"].preconditioner, 1 / exact.precisions.sum(0).diagonal())
+    torch.testing.assert_close(chosen["dense"].preconditioner, covariance, rtol=1e-8, atol=0)
+    # the diagonal form leaves the correlation: its slowest direction relaxes ~400 times slower than the
+    # stiffest allows; for it, the clients upload their diagonals only (no condition number measured)
+    hessian = exact.precisions.sum(0)
+    assert adaptation.condition_number(hessian, chosen["diagonal"].preconditioner) > 100
+    assert adaptation.condition_number(hessian, chosen["dense"].preconditioner) == pytest.approx(1.0)
+    assert math.isnan(chosen["diagonal"].condition)
+    assert chosen["dense"].rounds - chosen["diagonal"].rounds == 3 - 1  # d rounds for the Hessian, not one
+    # a user's matrix with a given step: used as it is, nothing adapted
+    given = FaldKernel(
+        gaussian_regression(NOISE_SD),
+        clients,
+        step_size=0.1,
+        preconditioner=covariance,
+        gradient_mode="traced",
+    )
+    draws = run(given, (x, y), num_samples=20, warmup=0).get_samples()["w"]
+    assert given.adaptation is None and draws.isfinite().all()
+    torch.testing.assert_close(given._constants[0] @ given._constants[0].T, 0.1 * covariance.to(draws))
 
 
 @pytest.mark.slow
@@ -180,6 +310,49 @@ def test_adaptation_is_reproducible_and_the_same_with_one_or_several_chains(kern
         assert first.noise > 0 and other_seed.step_size == pytest.approx(first.step_size, rel=0.5)
 
 
+def cubic_model(y):
+    # y_j ~ N(w^3, 1): a posterior whose curvature grows with w (about 9 N w^4), far from Gaussian
+    w = pyro.sample("w", dist.Normal(0.0, 2.0))
+    with pyro.plate("data", y.shape[0]):
+        pyro.sample("y", dist.Normal(w**3, 1.0), obs=pyro.subsample(y, event_dim=0))
+
+
+@pytest.mark.parametrize("comm_prob", [1.0, 0.5])  # the stiffness of U / b, or the stiffest client's
+def test_the_stiffness_is_the_largest_at_the_mode_and_at_draws_of_the_laplace_approximation(comm_prob):
+    y = torch.tensor([0.8, 1.3, 0.6, 1.1, 1.2, 0.9])
+    kernel = FaldKernel(cubic_model, 2, comm_prob=comm_prob, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    run(kernel, (y,), num_samples=2, warmup=0)
+    chosen, pot = kernel.adaptation, kernel.potential
+    assert chosen.typical_points.shape == (4, 1)
+    points = torch.cat([chosen.mode[None], chosen.typical_points])
+    root = adaptation.square_root(chosen.preconditioner)
+    if comm_prob == 1.0:
+
+        def gradients(p):
+            return pot.total_gradient(p[:, 0])[:, None]
+
+        per_point = adaptation.client_stiffness(gradients, points, root, 1)[:, 0] / pot.num_clients
+    else:
+        per_point = adaptation.client_stiffness(pot.full_gradient_fn, points, root, 2).max(-1).values
+    assert chosen.stiffness == pytest.approx(float(per_point.max()), rel=1e-12)
+    # the curvature (about 9 N w^4) varies across the typical points: a draw |z| > 0.15 sd from the mode
+    # moves it by more than 5% (all four closer has probability ~2e-4), so the mode alone would differ
+    assert float(per_point.max() - per_point.min()) > 0.05 * float(per_point.max())
+    assert chosen.step_size == pytest.approx(adaptation.STEP_TARGET / chosen.stiffness)
+
+
+def test_the_adaptation_is_counted_once_for_all_chains():
+    # chosen once, from chain 0's start, for every chain: its uploads are charged to chain 0 alone, so the
+    # chains' counts add up to the run's traffic (full batches, comm_prob = 1: the same traffic per iteration)
+    x, y, clients, _ = anisotropic_problem()
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
+    bits = run(kernel, (x, y), num_samples=4, warmup=0, num_chains=2).diagnostics()["uploaded bits"]
+    b, d = 3, 3
+    assert bits["chain 0"] - bits["chain 1"] == kernel.adaptation.rounds * b * d * 32
+    assert bits["chain 1"] == 4 * b * d * 32  # four averaging rounds
+
+
 def test_chosen_values_are_reported_and_the_user_overrides_them():
     x, y, clients, exact = anisotropic_problem()
     kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
@@ -210,6 +383,8 @@ def test_chosen_values_are_reported_and_the_user_overrides_them():
         ("auto", "preconditioner must be None"),
         (torch.tensor([1.0, -1.0, 1.0]), "positive finite numbers"),
         (torch.ones(2, 3), "preconditioner must be None"),
+        (torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "symmetric positive definite"),
+        (torch.tensor([[1.0, 0.5], [0.0, 1.0]]), "symmetric positive definite"),
     ],
 )
 def test_bad_preconditioner(value, match):

@@ -17,15 +17,31 @@ never from the pooled data:
 
 1. the **mode** :math:`\hat x` of :math:`U = \sum_i U^i` by L-BFGS (:func:`find_mode`: every evaluation is one
    round in which each client uploads its gradient and potential);
-2. each client's **Hessian diagonal** at the mode by forward-over-reverse differentiation
-   (:func:`client_hessian_diagonals`), summed by the server: :math:`m_k = 1 / |\sum_i \partial^2_{kk}
-   U^i(\hat x)|` (:func:`preconditioner`), the Laplace approximation's marginal variances when the
-   posterior's correlations are weak;
+2. each client's **Hessian** at the mode by forward-over-reverse differentiation (:func:`client_hessians`,
+   :math:`d` Hessian-vector products), summed by the server into :math:`H = \nabla^2 U(\hat x)`. The
+   *diagonal* preconditioner is :math:`m_k = 1 / |H_{kk}|` (:func:`preconditioner`), the Laplace
+   approximation's marginal variances when the posterior's correlations are weak; the *dense* one is
+   :math:`M = |H|^{-1}` (:func:`dense_preconditioner`, the absolute value taken on the eigenvalues), the
+   Laplace approximation's covariance, which also undoes correlations. The dense step
+   :math:`X - \gamma M \nabla U^i + \sqrt{2\gamma} R Z`, :math:`R R^\top = M`, is the plain step in the
+   coordinates :math:`y = R^{-1} x`; it costs two :math:`d \times d` products per client and iteration and
+   needs every client's Hessian (:math:`d^2` floats), so it is chosen when :math:`d` is at most
+   ``DENSE_DIMENSIONS`` and the diagonal one leaves the Hessian ill-conditioned: the condition number
+   :math:`\kappa` of :math:`\sqrt m H \sqrt m` (:func:`condition_number`) above ``DENSE_CONDITION``
+   (Langevin's slowest direction relaxes :math:`\kappa` times slower than its stiffest allows);
 3. the **stiffness** :math:`\lambda^i` of each client, the largest eigenvalue (in absolute value) of its
-   preconditioned Hessian :math:`\sqrt m\, \nabla^2 U^i(\hat x)\, \sqrt m` by power iteration
-   (:func:`client_stiffness`): a client step is stable only when :math:`\gamma \lambda^i < 2`;
+   preconditioned Hessian :math:`R^\top \nabla^2 U^i(x) R` (:math:`R = \sqrt m` for the diagonal form) by
+   power iteration (:func:`client_stiffness`), the largest over the mode and a few draws
+   :math:`x = \hat x + R\, N(0, I)` of the Laplace approximation: a client step is stable only when
+   :math:`\gamma \lambda^i < 2` wherever the chain goes, and a posterior that is far from Gaussian (a
+   neural network's) can be ten to a hundred times stiffer a standard deviation away from its mode;
 4. with minibatches, the **gradient noise**: the variance :math:`V_k` of the sum of the clients' gradient
-   estimates at the mode, measured on a few minibatches (:func:`gradient_noise`).
+   estimates, measured on a few minibatches at a few draws of the Laplace approximation
+   :math:`\hat x + \sqrt m \odot N(0, I)` and averaged over them (:func:`gradient_noise`). Typical points,
+   not the mode: a minibatch's gradient varies with the per-datum residuals, which are smallest at the
+   mode (on a small Bayesian network the noise at posterior draws is 10–40 times that at the mode), and
+   the stationary excess variance is set by the noise where the chain spends its time. :math:`m_k V_k`
+   below is the variance in the preconditioned coordinates :math:`y`.
 
 The step size (:func:`step_size`) is the largest one that keeps both discretisation errors small. On a
 Gaussian target of curvature :math:`\lambda` (in the rescaled coordinates), Langevin with step :math:`h`
@@ -47,6 +63,7 @@ Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics*, AIST
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -60,18 +77,32 @@ NOISE_TARGET = 0.1
 CURVATURE_FLOOR = 1e-8
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
 DIRECTIONS_PER_PASS = 32
+#: largest dimension for which the dense preconditioner is considered (its iteration costs ``4 d^2`` flops
+#: per client, its set-up ``d^2`` floats from every client)
+DENSE_DIMENSIONS = 200
+#: condition number of the diagonally preconditioned Hessian above which the dense preconditioner is chosen
+#: (a dense iteration costs up to a few times a diagonal one on cheap models: it pays once the slowest
+#: direction would relax this many times slower)
+DENSE_CONDITION = 4.0
 
 
 class Adaptation(NamedTuple):
     """What the warm-up chose, and why."""
 
     step_size: float  #: :math:`\gamma`
-    preconditioner: torch.Tensor  #: :math:`m`, ``[d]``
+    #: the inverse mass: :math:`m`, ``[d]`` (diagonal), or :math:`M`, ``[d, d]`` (dense)
+    preconditioner: torch.Tensor
     mode: torch.Tensor  #: :math:`\hat x`, ``[d]``, where the curvature was measured
     curvature: torch.Tensor  #: the Hessian diagonal of :math:`U` at :math:`\hat x`, ``[d]``
-    stiffness: float  #: :math:`\max_i \lambda^i`
+    #: :math:`\max_i \lambda^i`; for steps from the clients' average (FALD with ``comm_prob = 1``) the
+    #: stiffness of :math:`U / b`, and for a server's step that of :math:`U`
+    stiffness: float
     noise: float  #: :math:`\max_k m_k V_k` (0 with full local batches)
     rounds: int  #: rounds in which every client uploaded ``d`` floats (mode search, curvature, noise)
+    #: :math:`\kappa` of the diagonally preconditioned Hessian (``nan`` when the Hessian was not gathered)
+    condition: float = float("nan")
+    #: the draws of the Laplace approximation where the stiffness (with the mode) and the noise were measured
+    typical_points: torch.Tensor | None = None
 
 
 def find_mode(
@@ -113,60 +144,127 @@ def find_mode(
 
 
 def _hvp(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
-    """Each client's Hessian times its own tangent: ``tangents [m, b, d]`` -> ``[m, b, d]``."""
-    points = point.expand(tangents.shape).contiguous()
+    """Each client's Hessian at ``point`` (``[d]``, or one per row, ``[m, d]``) times its own tangent:
+    ``tangents [m, b, d]`` -> ``[m, b, d]``."""
+    points = (point if point.dim() == 1 else point[:, None, :]).expand(tangents.shape).contiguous()
     return torch.func.jvp(client_gradients, (points,), (tangents,))[1]
 
 
-def client_hessian_diagonals(
-    client_gradients: Callable[[torch.Tensor], torch.Tensor], point: torch.Tensor, num_clients: int
-) -> torch.Tensor:
-    r"""Every client's Hessian diagonal :math:`\partial^2_{kk} U^i` at ``point`` (``[d]``): ``[b, d]``, exact,
-    from :math:`d` Hessian-vector products (one full-data pass each, ``DIRECTIONS_PER_PASS`` at a time).
+def client_hessians(
+    client_gradients: Callable[[torch.Tensor], torch.Tensor],
+    point: torch.Tensor,
+    num_clients: int,
+    *,
+    total: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    r"""Every client's Hessian diagonal :math:`\partial^2_{kk} U^i` at ``point`` (``[d]``), ``[b, d]``, and
+    with ``total`` the sum of the clients' Hessians :math:`\sum_i \nabla^2 U^i`, ``[d, d]`` (else
+    ``None``): exact, from :math:`d` Hessian-vector products (one full-data pass each,
+    ``DIRECTIONS_PER_PASS`` at a time).
 
     :param client_gradients: the clients' full gradients, points ``[m, b, d]`` -> ``[m, b, d]``,
         differentiable by :func:`torch.func.jvp`.
     """
     d = point.shape[-1]
     eye = torch.eye(d, dtype=point.dtype, device=point.device)
-    columns = []
+    diagonals, rows = [], []
     for start in range(0, d, DIRECTIONS_PER_PASS):
         basis = eye[start : start + DIRECTIONS_PER_PASS]
         products = _hvp(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
-        columns.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
-    return torch.cat(columns).T
+        diagonals.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
+        if total:
+            rows.append(products.sum(1))  # [m, d]: rows k of the summed Hessian
+    hessian = None
+    if total:
+        hessian = torch.cat(rows)
+        hessian = (hessian + hessian.T) / 2  # symmetric up to rounding: exactly, for eigh
+    return torch.cat(diagonals).T, hessian
 
 
 def preconditioner(curvature: torch.Tensor) -> torch.Tensor:
-    """:math:`m_k = 1 / |H_{kk}|` from the Hessian diagonal of :math:`U` (``[d]``); curvatures below
-    ``CURVATURE_FLOOR`` times the largest are raised to it, so that a flat direction gets a large but finite
-    scale."""
+    """The diagonal inverse mass :math:`m_k = 1 / |H_{kk}|` from the Hessian diagonal of :math:`U` (``[d]``);
+    curvatures below ``CURVATURE_FLOOR`` times the largest are raised to it, so that a flat direction gets a
+    large but finite scale."""
     magnitude = curvature.abs()
     return 1.0 / magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max().clamp_min(1e-300)))
 
 
+def dense_preconditioner(hessian: torch.Tensor) -> torch.Tensor:
+    r"""The dense inverse mass :math:`M = Q\, \mathrm{diag}(1 / |\lambda|)\, Q^\top` from the Hessian
+    :math:`H = Q\, \mathrm{diag}(\lambda)\, Q^\top` of :math:`U` (``[d, d]``), the eigenvalues floored as
+    in :func:`preconditioner` (a saddle's negative curvature is taken by its magnitude)."""
+    eigenvalues, vectors = torch.linalg.eigh(hessian)
+    inverse_mass = (vectors * preconditioner(eigenvalues)) @ vectors.T
+    return (inverse_mass + inverse_mass.T) / 2  # symmetric exactly, not up to rounding
+
+
+def condition_number(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> float:
+    r""":math:`\kappa = \max |\lambda| / \min |\lambda|` over the eigenvalues of the preconditioned Hessian
+    :math:`R^\top H R` (curvatures floored as in :func:`preconditioner`)."""
+    root = square_root(inverse_mass)
+    magnitude = torch.linalg.eigvalsh(whiten(root, whiten(root, hessian).T)).abs()
+    return float(magnitude.max() / magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max())).min())
+
+
+def square_root(inverse_mass: torch.Tensor) -> torch.Tensor:
+    r"""A square root :math:`R` of the inverse mass, :math:`R R^\top = M`: :math:`\sqrt m` (``[d]``) for a
+    diagonal one, the symmetric root (``[d, d]``, by eigendecomposition) for a dense one."""
+    if inverse_mass.dim() == 1:
+        return inverse_mass.sqrt()
+    eigenvalues, vectors = torch.linalg.eigh(inverse_mass)
+    # eigenvalues that rounding made tiny or negative (a matrix of condition ~1e8 in float32) are raised to
+    # the floor of preconditioner(): a small but positive scale
+    floor = CURVATURE_FLOOR * float(eigenvalues.max())
+    root = (vectors * eigenvalues.clamp_min(floor).sqrt()) @ vectors.T
+    return (root + root.T) / 2
+
+
+def whiten(root: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    r""":math:`R v` for each row :math:`v` of ``vectors`` (``[..., d]``): the map from the preconditioned
+    coordinates :math:`y` to :math:`x`, and (the root being symmetric) the map of gradients from :math:`x`
+    to :math:`y`."""
+    return root * vectors if root.dim() == 1 else vectors @ root
+
+
+def marginal_scales(inverse_mass: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sqrt{M_{kk}}`, ``[d]``: the scale of each coordinate (the Laplace approximation's marginal
+    standard deviations, when adapted)."""
+    return (inverse_mass if inverse_mass.dim() == 1 else inverse_mass.diagonal()).sqrt()
+
+
+def preconditioned_step(step_size: float, inverse_mass: torch.Tensor) -> torch.Tensor:
+    r"""The step tensor of :func:`~pyro_fed.algorithms.langevin.langevin_step`: :math:`\gamma m` (``[d]``)
+    for a diagonal inverse mass, the square root :math:`\sqrt\gamma R` of :math:`\gamma M` (``[d, d]``)
+    for a dense one."""
+    if inverse_mass.dim() == 1:
+        return step_size * inverse_mass
+    return math.sqrt(step_size) * square_root(inverse_mass)
+
+
 def client_stiffness(
     client_gradients: Callable[[torch.Tensor], torch.Tensor],
-    point: torch.Tensor,
-    scales: torch.Tensor,
+    points: torch.Tensor,
+    root: torch.Tensor,
     num_clients: int,
     *,
     iterations: int = 100,
     tolerance: float = 1e-3,
 ) -> torch.Tensor:
-    r"""The stiffness :math:`\lambda^i = \max |\mathrm{eig}(S \nabla^2 U^i S)|`, where
-    :math:`S = \mathrm{diag}(\text{scales})`, for every client at once, ``[b]``.
+    r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
+    each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
+    inverse mass).
 
-    By power iteration from a fixed pseudo-random start (so the result is reproducible); it stops when no
-    client's Rayleigh quotient moves by more than ``tolerance`` (relative) in an iteration.
+    By power iteration, all points and clients at once, from a fixed pseudo-random start (so the result is
+    reproducible); it stops when no Rayleigh quotient moves by more than ``tolerance`` (relative) in an
+    iteration.
     """
     generator = torch.Generator(device="cpu").manual_seed(0)
-    shape = (num_clients, point.shape[-1])
-    vector = torch.randn(shape, generator=generator, dtype=point.dtype).to(point.device)
+    shape = (points.shape[0], num_clients, points.shape[-1])
+    vector = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
     vector = vector / vector.norm(dim=-1, keepdim=True)
-    estimate = torch.zeros(num_clients, dtype=point.dtype, device=point.device)
+    estimate = torch.zeros(shape[:-1], dtype=points.dtype, device=points.device)
     for _ in range(iterations):
-        product = scales * _hvp(client_gradients, point, (scales * vector)[None])[0]
+        product = whiten(root, _hvp(client_gradients, points, whiten(root, vector)))
         previous, estimate = estimate, (vector * product).sum(-1).abs()
         vector = product / product.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         if bool(((estimate - previous).abs() <= tolerance * estimate).all()):
@@ -174,11 +272,13 @@ def client_stiffness(
     return estimate
 
 
-def gradient_noise(draws: torch.Tensor, preconditioner: torch.Tensor) -> float:
-    r""":math:`\max_k m_k V_k`: ``draws`` are ``R`` independent draws of every client's gradient estimate
-    (or of its error, for control variates), ``[R, b, d]``; :math:`V_k` is the variance of their sum over
-    clients (the clients' minibatches are independent)."""
-    return float((preconditioner * draws.var(0).sum(0)).max())
+def gradient_noise(draws: torch.Tensor, root: torch.Tensor) -> float:
+    r""":math:`\max_k \bar V_k` in the preconditioned coordinates: ``draws`` are ``R`` independent draws of
+    every client's gradient estimate (or of its error, for control variates) at each of ``P`` points,
+    ``[R, P, b, d]``, mapped to those coordinates by ``root`` (:func:`whiten`: :math:`m_k V_k` for a
+    diagonal inverse mass); :math:`V_k` is the variance of their sum over clients (the clients' minibatches
+    are independent) and :math:`\bar V_k` its average over the points."""
+    return float(whiten(root, draws).var(0).sum(-2).mean(0).max())
 
 
 def step_size(stiffness: float, noise: float, num_clients: int) -> float:

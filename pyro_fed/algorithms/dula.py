@@ -25,10 +25,13 @@ NeurIPS 2020 (the step sizes' condition :math:`1/2 + \delta_1 < \delta_2 < 1`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+from .langevin import langevin_step, scale_step
 
 
 class DulaState(NamedTuple):
@@ -49,7 +52,7 @@ def step_sizes(
     iteration: torch.Tensor, step_size, consensus_size, *, step_decay, consensus_decay, step_offset
 ):
     """:math:`(\\alpha_k, \\beta_k)` at iteration ``k`` (a tensor: computed inside a compiled chunk)."""
-    alpha = step_size / (step_offset + iteration + 1.0) ** step_decay
+    alpha = scale_step(step_size, (step_offset + iteration + 1.0) ** -step_decay)
     beta = consensus_size / (iteration + 1.0) ** consensus_decay
     return alpha, beta
 
@@ -67,9 +70,11 @@ def step(
     :param gradients: maps the agents' points ``[C, n, d]`` to their gradient estimates.
     :param noise: standard Gaussian noise ``[C, n, d]`` (scaled here to :math:`N(0, n I)`).
     :param graph: a :class:`~pyro_fed.graphs.Graph`.
-    :param alpha: :math:`\\alpha_k` (a scalar or per-coordinate tensor).
+    :param alpha: :math:`\\alpha_k`, a step of :func:`~pyro_fed.algorithms.langevin.langevin_step` (a
+        scalar, per coordinate, or the square root of a preconditioned matrix step).
     :param beta: :math:`\\beta_k`.
     """
     w = state.clients
     n = w.shape[-2]
-    return DulaState(graph.mix(w, beta) - alpha * n * gradients(w) + (2.0 * alpha * n).sqrt() * noise)
+    # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
+    return DulaState(langevin_step(graph.mix(w, beta), n * gradients(w), alpha, math.sqrt(n) * noise))

@@ -12,16 +12,28 @@ from .rng import Randomness
 def langevin_step(
     x: torch.Tensor, grad: torch.Tensor, step_size: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
-    r"""One unadjusted Langevin step :math:`x - h \odot g + \sqrt{2h} \odot Z`.
+    r"""One unadjusted Langevin step :math:`x - h g + \sqrt{2h}\, Z`.
 
-    :param x: current point(s).
+    :param x: current point(s), ``[..., d]``.
     :param grad: (estimate of) the potential's gradient at ``x``.
-    :param step_size: :math:`h > 0`, a tensor (so that a compiled step does not depend on its value):
-        a scalar :math:`\gamma`, or per coordinate (``[d]``) :math:`h = \gamma m` for the step preconditioned
-        by the inverse mass :math:`m` (:mod:`pyro_fed.algorithms.adaptation`).
+    :param step_size: :math:`h > 0`, a tensor (so that a compiled step does not depend on its value): a
+        scalar :math:`\gamma`; per coordinate (``[d]``), :math:`h = \gamma m` for the step preconditioned by
+        the diagonal inverse mass :math:`m`; or a matrix ``[d, d]``, a symmetric square root :math:`R` of
+        the step :math:`h = R R^\top = \gamma M` preconditioned by a dense inverse mass :math:`M`, for which
+        the step reads :math:`x - R R^\top g + \sqrt 2 R Z` (see :mod:`pyro_fed.algorithms.adaptation`).
     :param noise: standard Gaussian noise :math:`Z`, broadcastable to the shape of ``x``.
     """
+    if step_size.dim() == 2:
+        return x - (grad @ step_size) @ step_size.T + math.sqrt(2.0) * (noise @ step_size.T)
     return x - step_size * grad + (2.0 * step_size).sqrt() * noise
+
+
+def scale_step(step_size: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    r"""The step :math:`c h` of :func:`langevin_step` for a factor :math:`c > 0` (a square root ``[d, d]``
+    scales by :math:`\sqrt c`)."""
+    if isinstance(step_size, torch.Tensor) and step_size.dim() == 2:
+        return step_size * factor.sqrt()
+    return step_size * factor
 
 
 def client_noise(

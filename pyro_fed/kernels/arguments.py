@@ -39,15 +39,34 @@ def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
     return float(value)
 
 
+#: the preconditioner's names: what the warm-up adapts
+PRECONDITIONER_FORMS = ("adapt", "diagonal", "dense")
+
+
 def check_preconditioner(value):
-    """``None``, ``"adapt"`` or a tensor of positive finite numbers (its length is checked at set-up)."""
-    if value is None or (isinstance(value, str) and value == "adapt"):
+    """``None``, one of ``PRECONDITIONER_FORMS``, a tensor of positive finite numbers (a diagonal inverse
+    mass) or a symmetric positive definite matrix (a dense one); its size is checked at set-up."""
+    if value is None or (isinstance(value, str) and value in PRECONDITIONER_FORMS):
         return value
     if isinstance(value, torch.Tensor) and value.dim() == 1 and bool((value.isfinite() & (value > 0)).all()):
         return value.detach()
+    if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == value.shape[1]:
+        matrix = value.detach()
+        if bool(matrix.isfinite().all()) and torch.allclose(matrix, matrix.T):
+            eigenvalues = torch.linalg.eigvalsh(matrix.double())
+            # positive definite up to the rounding of its dtype (an adapted matrix of condition ~1e8 in
+            # float32 may show tiny negative eigenvalues): those are raised to a small positive scale
+            rounding = 10 * len(matrix) * torch.finfo(matrix.dtype).eps * float(eigenvalues.abs().max())
+            if float(eigenvalues.max()) > 0 and float(eigenvalues.min()) > -rounding:
+                return matrix
+        raise ValueError(
+            "preconditioner: a matrix must be a dense inverse mass, symmetric positive definite (e.g. a "
+            "posterior covariance estimate); this one is not symmetric, not finite or has eigenvalues <= 0."
+        )
     raise ValueError(
-        f"preconditioner must be None (adapted with an automatic step size), 'adapt', or a 1-D tensor of "
-        f"positive finite numbers (the inverse mass of each unconstrained coordinate); got {value!r}."
+        f"preconditioner must be None (adapted with an automatic step size), 'adapt' (adapted, diagonal or "
+        f"dense), 'diagonal', 'dense', a 1-D tensor of positive finite numbers (the inverse mass of each "
+        f"unconstrained coordinate) or a symmetric positive definite matrix; got {value!r}."
     )
 
 

@@ -14,6 +14,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from ..algorithms import adaptation
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
 from ..compile import check_mode, inputs_signature, same_inputs
@@ -33,7 +34,7 @@ MAX_CHUNK_ELEMENTS = 2**27
 AUTO_COMPILE_SECONDS = 20.0
 #: fraction of diverging draws after warm-up above which a chain's end warns
 DIVERGING_WARNING = 0.01
-#: a step that moves a chain's draw farther than this many preconditioner scales (:math:`\sqrt{m_k}`, the
+#: a step that moves a chain's draw farther than this many preconditioner scales (:math:`\sqrt{M_{kk}}`, the
 #: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
 #: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
 EXPLOSION_SCALES = 1e6
@@ -76,11 +77,15 @@ class FederatedKernel(MCMCKernel):
         :mod:`pyro_fed.partition`).
     :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
         from the curvature of the potential at its mode; see :mod:`pyro_fed.algorithms.adaptation`).
-    :param preconditioner: the inverse mass :math:`m` of the preconditioned steps
-        :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`: ``None`` (default:
-        adapted when ``step_size`` is automatic, none — the identity — when the user gives ``step_size``, so
-        that a given step keeps its meaning in the model's unconstrained units), ``"adapt"`` (adapted, also
-        with a given ``step_size``) or a tensor of ``d`` positive numbers (fixed).
+    :param preconditioner: the inverse mass of the preconditioned steps: diagonal :math:`m`,
+        :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`, or dense :math:`M = R
+        R^\\top`, :math:`X - \\gamma M \\hat\\nabla U + \\sqrt{2\\gamma} R Z`. ``None`` (default: adapted when
+        ``step_size`` is automatic — dense for up to 200 coordinates when the diagonal one leaves the
+        curvature ill-conditioned, else diagonal; see :mod:`pyro_fed.algorithms.adaptation` —, none — the
+        identity — when the user gives ``step_size``, so that a given step keeps its meaning in the model's
+        unconstrained units), ``"adapt"`` (adapted so, also with a given ``step_size``), ``"diagonal"`` or
+        ``"dense"`` (that form adapted), a tensor of ``d`` positive numbers or a ``d x d`` symmetric positive
+        definite matrix (fixed).
     :param batch_size: minibatch size per client (``None``: the full local data), or a fraction in
         ``(0, 1)`` of each client's data (``0.1``: :math:`n_i = \\lfloor N_i / 10 \\rfloor`, at least 1).
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
@@ -246,8 +251,10 @@ class FederatedKernel(MCMCKernel):
         pot.check_initial_points(positions)
         inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
         if self._starts_from_laplace():
-            mode, scales = self.adaptation.mode, inverse_mass.sqrt()
-            positions = mode + scales * self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
+            root = adaptation.square_root(inverse_mass)
+            positions = self.adaptation.mode + adaptation.whiten(
+                root, self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
+            )
             pot.check_initial_points(positions)
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
         self._state = tuple(self.init_state(positions))
@@ -269,11 +276,12 @@ class FederatedKernel(MCMCKernel):
                 dtype=pot.dtype,
             )
         )
-        # inputs of the prepared iteration: the per-coordinate step gamma * m, and the explosion bounds
+        # inputs of the prepared iteration: the preconditioned step (gamma * m, or the root of gamma * M), and
+        # the explosion bounds
         self._constants = (
-            self.current_step_size * inverse_mass,
+            adaptation.preconditioned_step(self.current_step_size, inverse_mass),
             positions.clone(),
-            EXPLOSION_SCALES * inverse_mass.sqrt(),
+            EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
         )
         # later chains are served from the buffer only when a run will ask for them
         self._buffer = DrawBuffer(self.thinning, keep=num_chains > 1 and self._iterations_needed is not None)
@@ -284,15 +292,18 @@ class FederatedKernel(MCMCKernel):
         pot = self.potential
         given = None  # the user's fixed inverse mass
         if isinstance(self.preconditioner, torch.Tensor):
-            if self.preconditioner.shape != (pot.dim,):
+            if self.preconditioner.shape not in ((pot.dim,), (pot.dim, pot.dim)):
                 raise ValueError(
                     f"preconditioner has shape {tuple(self.preconditioner.shape)}; the model has {pot.dim} "
-                    "unconstrained coordinates: give one positive number per coordinate."
+                    f"unconstrained coordinates: give one positive number per coordinate, or a "
+                    f"{pot.dim} x {pot.dim} matrix."
                 )
             given = self.preconditioner.to(pot.device, pot.dtype)
         self.adaptation = None
-        if self.step_size is None or isinstance(self.preconditioner, str):  # "adapt"
-            self.adaptation = warmup.adapt(self, start, seed, given)
+        if self.step_size is None or isinstance(self.preconditioner, str):
+            named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
+            form = self.preconditioner if named else "auto"
+            self.adaptation = warmup.adapt(self, start, seed, given, form)
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
@@ -306,15 +317,25 @@ class FederatedKernel(MCMCKernel):
         default."""
         return client_step
 
+    def averages_every_iteration(self) -> bool:
+        """Whether every iteration ends with all clients at their average (FALD with ``comm_prob = 1``): their
+        local steps are then one Langevin step of size :math:`\\gamma / b` on :math:`U`, stable as that step
+        is, whatever each client's own curvature (the warm-up takes the stiffness of :math:`U` then)."""
+        return False
+
     def measures_noise(self) -> bool:
         """Whether the gradient estimates are random (the warm-up then measures their noise)."""
         return not self.full_local_batches
 
-    def adaptation_noise(self, minibatch_gradients: Callable, mode: torch.Tensor, scales: torch.Tensor):
-        """``[R, b, d]`` draws of what makes the clients' gradient estimates noisy, at the mode: their
-        minibatch gradients (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R``
-        minibatches). Samplers with control variates measure the noise of their own estimate instead."""
-        return minibatch_gradients(mode[None])[:, 0]
+    def adaptation_noise(
+        self, minibatch_gradients: Callable, mode: torch.Tensor, points: torch.Tensor
+    ) -> torch.Tensor:
+        """``[R, P, b, d]`` draws of what makes the clients' gradient estimates noisy at ``P`` typical points
+        ``points`` (``[P, d]``, draws of the Laplace approximation around ``mode``): their minibatch gradients
+        (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R`` minibatches). Samplers
+        with control variates measure the error of their own estimate instead; a server's estimate is one
+        "client" (``b = 1``)."""
+        return minibatch_gradients(points)
 
     def _starts_from_laplace(self) -> bool:
         """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""
@@ -499,7 +520,8 @@ class FederatedKernel(MCMCKernel):
     def sample_stats(self) -> dict[str, np.ndarray]:
         """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
         ``diverging`` (a step was reverted), ``uploaded_bits`` and ``downloaded_bits`` (cumulative, summed
-        over clients, from the start of warm-up, adaptation included), the algorithm's :meth:`statistics`
+        over clients, from the start of warm-up; the adaptation, done once for all chains, on chain 0's), the
+        algorithm's :meth:`statistics`
         (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
         VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
         say whether it happened in the draw's iterations, the counts are summed over them."""

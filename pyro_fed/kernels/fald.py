@@ -137,6 +137,9 @@ class FaldKernel(FederatedKernel):
     def position(self, state):
         return fald.position(state, self.network)
 
+    def averages_every_iteration(self) -> bool:
+        return self.comm_prob == 1.0
+
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
         return {"communicated": self.rng.coins(self.comm_prob, num_iterations, self.plan.num_chains)}
 

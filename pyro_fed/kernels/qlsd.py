@@ -66,7 +66,7 @@ class QlsdKernel(FederatedKernel):
 
     The other arguments are those of :class:`~pyro_fed.FederatedKernel`. The automatic step size is chosen
     for the server's step on the full potential, with the gradient noise of this estimator (minibatches,
-    quantisation and participation) measured at the mode.
+    quantisation and participation) measured at draws of the Laplace approximation.
     """
 
     state_type = qlsd.QlsdState
@@ -151,7 +151,7 @@ class QlsdKernel(FederatedKernel):
         if self.adaptation is not None:
             return self.adaptation.mode
         mode, evaluations = warmup.find_mode(pot, pot.initial_flat)
-        self.network.record_averages(evaluations)
+        self.network.record_averages(evaluations, shared=True)
         return mode
 
     # ------------------------------------------------------------- iteration
@@ -221,26 +221,25 @@ class QlsdKernel(FederatedKernel):
     def measures_noise(self) -> bool:
         return super().measures_noise() or self.compressor.random or self.participation < 1
 
-    def adaptation_noise(self, minibatch_gradients, mode, scales):
-        # draws of the server's whole estimate g at a typical point, a posterior spread away from the mode (at
-        # the mode a fixed point's estimate is exact), with the memories where they settle: at the clients'
-        # mean estimates, their full gradients (what is quantised is then only the estimates' fluctuation)
+    def adaptation_noise(self, minibatch_gradients, mode, points):
+        # draws of the server's whole estimate g at typical points (at the mode a fixed point's estimate is
+        # exact), with the memories where they settle: at the clients' mean estimates, their full gradients
+        # (what is quantised is then only the estimates' fluctuation)
         generator = torch.Generator(device="cpu").manual_seed(0)
         if self.control_variate is None:
-            estimates = minibatch_gradients(mode[None])[:, 0]
+            estimates = minibatch_gradients(points)
         else:
-            estimates = warmup.control_variate_error(minibatch_gradients, mode, scales, generator)
+            estimates = warmup.control_variate_error(minibatch_gradients, mode, points)
         remembers = self.current_memory_rate() > 0
         if self.control_variate == "svrg" or remembers:
             full = self.potential.full_client_grads(mode)  # the clients' full gradients at the mode, once
         if self.control_variate == "svrg":
             estimates = estimates + full
-        r, b, _ = estimates.shape
         uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
-        active = torch.rand(r, b, generator=generator).to(mode.device) < self.participation
+        active = torch.rand(estimates.shape[:-1], generator=generator).to(mode.device) < self.participation
         memory = full.expand_as(estimates) if remembers else torch.zeros_like(estimates)
         uploads = self.compressor.compress(estimates - memory, uniforms)
-        return qlsd.aggregate(uploads, active, memory)[:, None, :]
+        return qlsd.aggregate(uploads, active, memory)[..., None, :]  # the server's estimate: b = 1
 
     def coin_statistics(self, coins):
         stats = {"active_clients": coins["active"].sum(-1)}

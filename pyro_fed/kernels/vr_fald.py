@@ -53,9 +53,8 @@ class VrFaldKernel(FaldKernel):
         self.network.record_averages(2)
         return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
 
-    def adaptation_noise(self, minibatch_gradients, mode, scales):
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        return warmup.control_variate_error(minibatch_gradients, mode, scales, generator)
+    def adaptation_noise(self, minibatch_gradients, mode, points):
+        return warmup.control_variate_error(minibatch_gradients, mode, points)
 
     def step(self, state, gradients, inputs, step_size):
         noise, communicate = inputs

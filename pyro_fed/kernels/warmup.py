@@ -11,65 +11,99 @@ from ..algorithms import adaptation
 from ..algorithms.rng import Randomness
 from ..minibatch import MinibatchSampler
 
-#: minibatches drawn per client to measure the gradient noise at the mode
-NOISE_DRAWS = 32
+#: minibatches drawn per client and point to measure the gradient noise (the relative standard error of a
+#: variance from R draws is about sqrt(2 / R): 18% here)
+NOISE_DRAWS = 64
+#: draws of the Laplace approximation at which the stiffness (its largest, with the mode's) and the gradient
+#: noise (averaged) are measured
+TYPICAL_POINTS = 4
 
 
 def adapt(
-    kernel, start: torch.Tensor, seed: int, inverse_mass: torch.Tensor | None = None
+    kernel, start: torch.Tensor, seed: int, inverse_mass: torch.Tensor | None = None, form: str = "auto"
 ) -> adaptation.Adaptation:
     """Choose what the user left automatic in ``kernel`` (its ``step_size``, its ``preconditioner``) from
     the curvature of its potential at the mode found from ``start`` (``[d]``); the bits the clients upload
-    for it are counted on ``kernel.network`` for every chain. ``seed`` seeds the minibatches of the noise
-    measurement: the choice depends on neither the number of chains nor their randomness."""
+    for it are counted on ``kernel.network``, on the first chain (the choice serves every chain).
+    ``inverse_mass`` is the user's, if given; otherwise one of ``form`` (``"diagonal"``, ``"dense"`` or
+    ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves a condition
+    number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
+    the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
+    randomness."""
     pot = kernel.potential
     b = pot.num_clients
 
     mode, rounds = find_mode(pot, start)
-    diagonals = adaptation.client_hessian_diagonals(pot.full_gradient_fn, mode, b)
-    rounds += 1  # each client uploads its diagonal
+    gather = inverse_mass is None and (
+        form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
+    )
+    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, b, total=gather)
+    # each client uploads its Hessian (d^2 floats; the server sends the dense preconditioner back), or its
+    # diagonal
+    rounds += pot.dim if gather else 1
     curvature = diagonals.sum(0)
     if pot.prior_on_server:  # the server's own share of the curvature
 
         def prior_gradient(points: torch.Tensor) -> torch.Tensor:
             return pot.server_prior(points.reshape(-1, pot.dim), gradient=True).reshape(points.shape)
 
-        curvature = curvature + adaptation.client_hessian_diagonals(prior_gradient, mode, 1)[0]
+        prior_diagonal, prior_hessian = adaptation.client_hessians(prior_gradient, mode, 1, total=gather)
+        curvature = curvature + prior_diagonal[0]
+        hessian = None if hessian is None else hessian + prior_hessian
+    condition = float("nan")
     if inverse_mass is None:
         inverse_mass = adaptation.preconditioner(curvature)
-    scales = inverse_mass.sqrt()
-    if kernel.server_step:
-        # the server steps on the whole potential: the stiffness of the sum of the clients' Hessians
+        if hessian is not None:
+            condition = adaptation.condition_number(hessian, inverse_mass)
+            if form == "dense" or condition > adaptation.DENSE_CONDITION:
+                inverse_mass = adaptation.dense_preconditioner(hessian)
+    root = adaptation.square_root(inverse_mass)
+    # typical points of the posterior, where the chains will be: the stiffness and the noise are measured
+    # there (and the stiffness at the mode too)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
+    points = mode + adaptation.whiten(root, laplace)
+    at = torch.cat([mode[None], points])
+    if kernel.server_step or kernel.averages_every_iteration():
+        # the server steps on the whole potential, or the clients' steps from their common average are one
+        # step of gamma / b on it: the stiffness of the sum of the clients' Hessians (per client, then)
         def total_gradient(points: torch.Tensor) -> torch.Tensor:
             return pot.total_gradient(points[:, 0])[:, None]
 
-        stiffness = float(adaptation.client_stiffness(total_gradient, mode, scales, 1)[0])
-        clients_per_step = 1
+        clients_per_step = 1 if kernel.server_step else b
+        stiffness = float(adaptation.client_stiffness(total_gradient, at, root, 1).max()) / clients_per_step
     else:
         # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
-        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, mode, scales, b).max())
+        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, at, root, b).max())
         clients_per_step = b
     noise = 0.0
     if kernel.measures_noise():
-        draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, scales)
-        noise = adaptation.gradient_noise(draws, inverse_mass)
+        draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, points)
+        if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
+            raise ValueError(
+                f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
+                f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
+                f"b clients, or 1 for a server's estimate, d = {pot.dim})."
+            )
+        noise = adaptation.gradient_noise(draws, root)
         rounds += 1  # each client uploads its variance
     step = kernel.step_size
     if step is None:
         step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
-    kernel.network.record_averages(rounds)
-    return adaptation.Adaptation(step, inverse_mass, mode, curvature, stiffness, noise, rounds)
+    kernel.network.record_averages(rounds, shared=True)
+    return adaptation.Adaptation(
+        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points
+    )
 
 
-def control_variate_error(
-    minibatch_gradients, mode: torch.Tensor, scales: torch.Tensor, generator: torch.Generator
-) -> torch.Tensor:
-    """``[R, b, d]`` draws of a control variate's error: the same minibatch at a typical client point and at
-    the reference point (the mode), a posterior spread apart — two independent draws differ by about
-    :math:`\\sqrt 2` posterior sds per coordinate — in a direction of random signs from ``generator``."""
-    signs = torch.randint(0, 2, mode.shape, generator=generator).to(mode) * 2 - 1
-    both = minibatch_gradients(torch.stack([mode + math.sqrt(2.0) * scales * signs, mode]))
-    return both[:, 0] - both[:, 1]
+def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """``[R, P, b, d]`` draws of a control variate's error: the same minibatch at a point and at the reference
+    point (the mode), at ``P`` points as far from it as two independent posterior draws are from each other
+    (:math:`\\sqrt 2` times as far as the typical ``points`` ``[P, d]``, draws of the Laplace
+    approximation, are from the mode)."""
+    apart = mode + math.sqrt(2.0) * (points - mode)
+    both = minibatch_gradients(torch.cat([apart, mode[None]]))
+    return both[:, :-1] - both[:, -1:]
 
 
 def find_mode(pot, start: torch.Tensor) -> tuple[torch.Tensor, int]:
