@@ -60,6 +60,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from common import logistic_regression
 from pyro.infer import MCMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 
@@ -129,14 +130,6 @@ def mvn_lkj(y):
         pyro.sample("y", dist.MultivariateNormal(mean, scale_tril=scales[:, None] * cholesky), obs=y[idx])
 
 
-def logistic(x, y):
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
-    with pyro.plate("data", x.shape[0]):
-        pyro.sample(
-            "y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0)
-        )
-
-
 def known_noise_regression(x, y):
     w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([x.shape[1]]).to_event(1))
     with pyro.plate("data", x.shape[0]) as idx:
@@ -194,7 +187,7 @@ def make_problems() -> dict:
         (torch.tensor([1.0, -2.0, 0.5]) + normal(500, 3) @ scale_tril.T,),
         lkj_quantities,
     )
-    problems["titanic"] = (logistic, pyro_fed.datasets.titanic(), None)
+    problems["titanic"] = (logistic_regression, pyro_fed.datasets.titanic(), None)
     x = normal(500, 3) * torch.tensor([1.0, 10.0, 0.1])
     problems["scales_100x"] = (
         known_noise_regression,

@@ -40,18 +40,15 @@ import time
 import warnings
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from common import save_log_log_figure
 from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, SgldKernel
 from pyro_fed.graphs import make_graph
-
-matplotlib.use("Agg")
 
 BOX = ((-3.0, 4.0), (-4.0, 4.0))
 NUM_AGENTS = 5
@@ -180,16 +177,14 @@ def write(rows, curves, args, chains, iterations) -> None:
         )
     text = "\n".join(lines) + "\n"
     (args.out / f"{stem}.md").write_text(text)
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for name, curve in curves.items():
-        axis.plot([c["iteration"] for c in curve], [c["tv"] for c in curve], marker="o", label=name)
-    axis.set(
-        xscale="log", yscale="log", xlabel="iterations", ylabel="TV to the exact posterior (40 x 40 bins)"
+
+    def draw(axis):
+        for name, curve in curves.items():
+            axis.plot([c["iteration"] for c in curve], [c["tv"] for c in curve], marker="o", label=name)
+
+    save_log_log_figure(
+        args.out / f"{stem}.png", draw, "iterations", "TV to the exact posterior (40 x 40 bins)"
     )
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(args.out / f"{stem}.png", dpi=120)
-    plt.close(figure)
     print(text)
 
 

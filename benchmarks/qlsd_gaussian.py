@@ -40,17 +40,14 @@ import json
 import time
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from common import save_log_log_figure
 from pyro.infer import MCMC
 
 from pyro_fed import QlsdKernel
-
-matplotlib.use("Agg")
 
 CLIENT_SIZES = [192, 109, 44, 90, 86, 40, 162, 14, 94, 15, 49, 166, 190, 141, 156, 47, 116, 77, 135, 119]
 DIM = 50
@@ -165,24 +162,22 @@ def write(rows, args, chains, warmup, samples, sigma2) -> None:
     )
     text = "\n".join(lines) + "\n"
     (args.out / f"{stem}.md").write_text(text)
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for family, marker in (("QLSD#", "o"), ("QLSD⋆", "s"), ("LSD⋆", "*")):
-        chosen = [r for r in rows if r["sampler"].split(" ")[0] == family]
-        axis.errorbar(
-            [r["bits_per_chain"] for r in chosen],
-            [r["mse"] for r in chosen],
-            yerr=[2 * r["mse_se"] for r in chosen],
-            marker=marker,
-            linestyle="-" if len(chosen) > 1 else "none",
-            label=family,
-        )
-    axis.set(
-        xscale="log", yscale="log", xlabel="uploaded bits per chain", ylabel="MSE of the sigma^2 statistic"
+
+    def draw(axis):
+        for family, marker in (("QLSD#", "o"), ("QLSD⋆", "s"), ("LSD⋆", "*")):
+            chosen = [r for r in rows if r["sampler"].split(" ")[0] == family]
+            axis.errorbar(
+                [r["bits_per_chain"] for r in chosen],
+                [r["mse"] for r in chosen],
+                yerr=[2 * r["mse_se"] for r in chosen],
+                marker=marker,
+                linestyle="-" if len(chosen) > 1 else "none",
+                label=family,
+            )
+
+    save_log_log_figure(
+        args.out / f"{stem}.png", draw, "uploaded bits per chain", "MSE of the sigma^2 statistic"
     )
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(args.out / f"{stem}.png", dpi=120)
-    plt.close(figure)
     print(text)
 
 

@@ -72,6 +72,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from common import logistic_regression
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 from pyro.infer.mcmc.util import initialize_model
@@ -82,14 +83,6 @@ from pyro_fed.metrics import draw_potentials, hpd_level, relative_hpd_error
 
 ALPHA = 0.05
 WARMUP = 500
-
-
-def titanic_model(x, y):
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
-    with pyro.plate("data", x.shape[0]):
-        pyro.sample(
-            "y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0)
-        )
 
 
 def digits_model(x, y):
@@ -110,7 +103,7 @@ def digits():
 # per data set: title, data, model, whitened reference, chains started at reference draws, kernel options,
 # and the full and quick sizes (chains, draws per run, reference draws)
 DATASETS = {
-    "titanic": ("Titanic, d = 4", pyro_fed.datasets.titanic, titanic_model, False, False, {},
+    "titanic": ("Titanic, d = 4", pyro_fed.datasets.titanic, logistic_regression, False, False, {},
                 (4, 5000, 5000), (2, 500, 500)),
     "digits": ("digits, d = 650", digits, digits_model, True, True, dict(thinning=4, gradient_mode="traced"),
                (8, 1000, 2000), (2, 100, 300)),

@@ -32,7 +32,8 @@ never from the pooled data:
 3. the **stiffness** :math:`\lambda^i` of each client, the largest eigenvalue (in absolute value) of its
    preconditioned Hessian :math:`R^\top \nabla^2 U^i(x) R` (:math:`R = \sqrt m` for the diagonal form) by
    power iteration (:func:`client_stiffness`), the largest over the mode and a few draws
-   :math:`x = \hat x + R\, N(0, I)` of the Laplace approximation: a client step is stable only when
+   :math:`x = \hat x + R\, N(0, I)` of the Laplace approximation, each pulled toward the mode until its
+   potential is at the level of posterior draws (:func:`typical_points`): a client step is stable only when
    :math:`\gamma \lambda^i < 2` wherever the chain goes, and a posterior that is far from Gaussian (a
    neural network's) can be ten to a hundred times stiffer a standard deviation away from its mode;
 4. with minibatches, the **gradient noise**: the variance :math:`V_k` of the sum of the clients' gradient
@@ -77,6 +78,8 @@ NOISE_TARGET = 0.1
 CURVATURE_FLOOR = 1e-8
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
 DIRECTIONS_PER_PASS = 32
+#: halvings of a Laplace draw's offset at most, to bring it to the potential level of posterior draws
+TYPICAL_HALVINGS = 10
 #: largest dimension for which the dense preconditioner is considered (its iteration costs ``4 d^2`` flops
 #: per client, its set-up ``d^2`` floats from every client)
 DENSE_DIMENSIONS = 200
@@ -252,7 +255,8 @@ def client_stiffness(
 ) -> torch.Tensor:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
-    inverse mass).
+    inverse mass), and the number of power iterations it took (each one Hessian-vector product per client
+    and point).
 
     By power iteration, all points and clients at once, from a fixed pseudo-random start (so the result is
     reproducible); it stops when no Rayleigh quotient moves by more than ``tolerance`` (relative) in an
@@ -260,16 +264,40 @@ def client_stiffness(
     """
     generator = torch.Generator(device="cpu").manual_seed(0)
     shape = (points.shape[0], num_clients, points.shape[-1])
+    done = 0
     vector = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
     vector = vector / vector.norm(dim=-1, keepdim=True)
     estimate = torch.zeros(shape[:-1], dtype=points.dtype, device=points.device)
-    for _ in range(iterations):
+    while done < iterations:
+        done += 1
         product = whiten(root, _hvp(client_gradients, points, whiten(root, vector)))
         previous, estimate = estimate, (vector * product).sum(-1).abs()
         vector = product / product.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         if bool(((estimate - previous).abs() <= tolerance * estimate).all()):
             break
-    return estimate
+    return estimate, done
+
+
+def typical_points(
+    potentials: Callable[[torch.Tensor], torch.Tensor], mode: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    r"""Points ``mode + c * offsets`` (``offsets [P, d]``, draws of the Laplace approximation around the mode)
+    at the potential level of posterior draws: :math:`U - U(\hat x) \le d/2 + 3 \sqrt{d/2}` (for a Gaussian
+    posterior :math:`U - U(\hat x)` of a draw has mean :math:`d/2` and standard deviation
+    :math:`\sqrt{d/2}`). A draw above that level is where the posterior has next to no mass (the Laplace
+    approximation of a far-from-Gaussian posterior, a neural network's, puts many there, in regions tens to
+    hundreds of times stiffer), so its offset is halved, ``c = 1, 1/2, 1/4, ...``, until it is at that level
+    (at most ``TYPICAL_HALVINGS`` times). ``potentials`` maps points ``[P, d]`` to :math:`U` ``[P]``."""
+    d = mode.shape[-1]
+    level = float(potentials(mode[None])[0]) + d / 2 + 3 * math.sqrt(d / 2)
+    scale = torch.ones(offsets.shape[0], 1, dtype=mode.dtype, device=mode.device)
+    for _ in range(TYPICAL_HALVINGS):
+        values = potentials(mode + scale * offsets)
+        above = ~(values <= level)  # a non-finite potential is above every level
+        if not bool(above.any()):
+            break
+        scale = torch.where(above[:, None], scale / 2, scale)
+    return mode + scale * offsets
 
 
 def gradient_noise(draws: torch.Tensor, root: torch.Tensor) -> float:

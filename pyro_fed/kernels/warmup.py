@@ -62,7 +62,8 @@ def adapt(
     # there (and the stiffness at the mode too)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
-    points = mode + adaptation.whiten(root, laplace)
+    # (each client uploads its potential at the points: scalars, not counted)
+    points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
     at = torch.cat([mode[None], points])
     if kernel.server_step or kernel.averages_every_iteration():
         # the server steps on the whole potential, or the clients' steps from their common average are one
@@ -71,10 +72,14 @@ def adapt(
             return pot.total_gradient(points[:, 0])[:, None]
 
         clients_per_step = 1 if kernel.server_step else b
-        stiffness = float(adaptation.client_stiffness(total_gradient, at, root, 1).max()) / clients_per_step
+        largest, iterations = adaptation.client_stiffness(total_gradient, at, root, 1)
+        stiffness = float(largest.max()) / clients_per_step
+        # each power iteration is a round per point: the server sends a direction, the clients upload their
+        # Hessian-vector products
+        rounds += iterations * len(at)
     else:
         # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
-        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, at, root, b).max())
+        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, at, root, b)[0].max())
         clients_per_step = b
     noise = 0.0
     if kernel.measures_noise():
