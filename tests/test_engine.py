@@ -154,7 +154,7 @@ def test_iteration_that_cannot_be_compiled_falls_back_with_a_warning(monkeypatch
 
 def test_auto_mode_compiles_once_the_run_is_long_enough(monkeypatch):
     def run_auto(threshold):
-        monkeypatch.setattr("pyro_fed.kernels.base.AUTO_COMPILE_SECONDS", threshold)
+        monkeypatch.setattr("pyro_fed.kernels.chunks.AUTO_COMPILE_SECONDS", threshold)
         pyro.set_rng_seed(8)
         kernel = FaldKernel(
             logistic_model, CLIENTS, step_size=0.02, comm_prob=0.3, batch_size=5, chunk_size=16

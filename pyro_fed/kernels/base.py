@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,21 +16,17 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..algorithms import adaptation
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
-from ..compile import check_mode, inputs_signature, same_inputs
-from ..engine import ChunkEngine
+from ..compile import check_mode, inputs_signature
 from ..minibatch import MinibatchSampler
 from ..potential import FederatedPotential
 from . import warmup
 from .arguments import check_batch_size, check_positive, check_positive_int, check_preconditioner
+from .chunks import ChunkRunner
 from .draws import DrawBuffer
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
 MAX_CHUNK_ELEMENTS = 2**27
-#: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
-#: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times
-#: faster, but takes from about a second (a graph TorchInductor has cached) to 20 s (a new one)
-AUTO_COMPILE_SECONDS = 20.0
 #: fraction of diverging draws after warm-up above which a chain's end warns
 DIVERGING_WARNING = 0.01
 #: a step that moves a chain's draw farther than this many preconditioner scales (:math:`\sqrt{M_{kk}}`, the
@@ -52,7 +47,7 @@ class ChainPlan(NamedTuple):
     initial_params: dict | None
 
 
-class FederatedKernel(MCMCKernel):
+class FederatedKernel(ChunkRunner, MCMCKernel):
     """Base class of the federated kernels: a Pyro :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` that
     splits the model's data plate into clients and runs a federated algorithm, many iterations at a time.
 
@@ -151,7 +146,7 @@ class FederatedKernel(MCMCKernel):
         self._chain = 0
         self._served = 0  # draws served to MCMC in the current chain
         self._iterations_needed = None
-        self._engine: ChunkEngine | None = None
+        self._engine = None  # the prepared iteration (see ChunkRunner.engine)
         self._engine_inputs: list = []
 
     # ------------------------------------------------------- subclass API
@@ -389,113 +384,7 @@ class FederatedKernel(MCMCKernel):
                 )
         return given
 
-    # -------------------------------------------------------- the iteration
-    def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-        """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
-        pot = self.potential
-
-        def gradients(points: torch.Tensor) -> torch.Tensor:
-            if indices is None:
-                return pot.full_gradient_fn(points.reshape(-1, pot.num_clients, pot.dim)).reshape(
-                    points.shape
-                )
-            copies = points[..., 0, 0, 0].numel()  # the same minibatch at every leading point
-            prior_weights = pot.prior_weights.repeat(copies * self.plan.num_chains)
-            grads = pot.gradient_fn(
-                points.reshape(-1, pot.dim),
-                indices.repeat(copies, 1),
-                self.minibatches.datum_weights.repeat(copies, 1),
-                prior_weights,
-            )
-            return grads.reshape(points.shape)
-
-        return gradients
-
-    def _iteration(self, state, inputs, constants):
-        """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
-        indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
-        step_size, start, bound = constants
-        new = self.step(self.state_type(*state), self._gradients(indices), inputs, step_size)
-        # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
-        valid = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
-        valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
-        # a diverging step is reverted without waiting for the device: select, don't branch
-        new = tuple(
-            torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
-        )
-        new_state = self.state_type(*new)
-        return new, (self.position(new_state), valid, *self.statistics(new_state).values())
-
-    def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        inputs = self.step_inputs(num_iterations, coins)
-        if self.minibatches is None:
-            return inputs
-        return (self.minibatches()[:num_iterations], *inputs)
-
-    def engine(self) -> ChunkEngine:
-        """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
-        kept across runs and chains only while the model's arguments are the same objects, unmodified
-        (then it is prepared once per shape: a new number of chains is a new shape)."""
-        inputs = self._model_inputs
-        if self._engine is None or not same_inputs(self._engine_inputs, inputs):
-            # a model evaluated client by client is run as written (see FederatedPotential)
-            self._engine = self._new_engine(
-                self.gradient_mode if self.potential.gradients.vectorized else "eager"
-            )
-            self._engine_inputs = inputs
-        return self._engine
-
-    def _new_engine(self, mode: str) -> ChunkEngine:
-        return ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
-
-    def _remaining_iterations(self) -> int | None:
-        """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
-        return None if self._iterations_needed is None else self._iterations_needed - self._computed
-
-    @property
-    def preparation_seconds(self) -> float:
-        """Seconds spent tracing and compiling (the iteration and the model's gradients) in this run."""
-        engine = 0.0 if self._engine is None else self._engine.preparation_seconds
-        return engine + (0.0 if self.potential is None else self.potential.preparation_seconds)
-
-    def _maybe_compile(self, seconds: float, num_iterations: int) -> None:
-        """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
-        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
-        if self._engine.mode != "auto":
-            return
-        remaining = self._remaining_iterations()
-        if (math.inf if remaining is None else remaining) * seconds / num_iterations > AUTO_COMPILE_SECONDS:
-            self._engine = self._new_engine("compiled")
-            self.potential.gradient_mode = "compiled"  # and the full gradients of refreshes, if any
-
-    def _run_chunk(self) -> None:
-        """Compute the next chunk of draws of every chain."""
-        remaining = self._remaining_iterations()
-        num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
-        start_time = time.perf_counter()
-        coins = self.draw_coins(num_iterations)
-        inputs = self._draw_inputs(num_iterations, coins)
-        engine, state, outputs, start = self.engine(), self._state, [], 0
-        preparation = engine.preparation_seconds
-        for k in np.flatnonzero(self.event_iterations(coins)):
-            state, out = engine.run(state, inputs, self._constants, start, k)
-            outputs.append(out)
-            after = self.event(self.state_type(*state), {n: c[k] for n, c in coins.items()})
-            state, out = engine.run(state, inputs, self._constants, k, k + 1)
-            outputs.append(out)
-            state, start = tuple(after(self.state_type(*state))), k + 1
-        state, out = engine.run(state, inputs, self._constants, start, num_iterations)
-        outputs.append(out)
-        self._state = state
-        self._computed += num_iterations
-        positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
-        statistics = dict(zip(self.statistics(self.state_type(*state)), values, strict=True))
-        bits = self.network.record(*self.traffic(coins))
-        self._buffer.add(positions, valid, statistics, self.coin_statistics(coins), bits)
-        # the chunk's outputs are on the host now: the time is the device's too
-        elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
-        self._maybe_compile(elapsed, num_iterations)
-
+    # -------------------------------------------------------- serving the draws
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
         if (draw + 1) * self.thinning > self._computed:

@@ -1,0 +1,136 @@
+"""How a federated kernel computes its draws: a chunk of iterations at a time, as one prepared function.
+
+:class:`ChunkRunner` is the part of :class:`~pyro_fed.kernels.base.FederatedKernel` that runs: the
+iteration as a pure tensor function with the divergence revert (a select, not a branch), its pre-drawn
+inputs, the prepared engine (:mod:`pyro_fed.engine`: traced or compiled once per shape, kept while the
+model's arguments are unchanged), the automatic compilation of long runs (``AUTO_COMPILE_SECONDS``), and
+the out-of-step events that split a chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..compile import same_inputs
+from ..engine import ChunkEngine
+
+#: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
+#: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times
+#: faster, but takes from about a second (a graph TorchInductor has cached) to 20 s (a new one)
+AUTO_COMPILE_SECONDS = 20.0
+
+
+class ChunkRunner:
+    """The chunked iterations of a :class:`~pyro_fed.kernels.base.FederatedKernel` (which sets up the state,
+    the potential, the randomness, the network, the buffers and the hooks used here)."""
+
+    def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
+        pot = self.potential
+
+        def gradients(points: torch.Tensor) -> torch.Tensor:
+            if indices is None:
+                return pot.full_gradient_fn(points.reshape(-1, pot.num_clients, pot.dim)).reshape(
+                    points.shape
+                )
+            copies = points[..., 0, 0, 0].numel()  # the same minibatch at every leading point
+            prior_weights = pot.prior_weights.repeat(copies * self.plan.num_chains)
+            grads = pot.gradient_fn(
+                points.reshape(-1, pot.dim),
+                indices.repeat(copies, 1),
+                self.minibatches.datum_weights.repeat(copies, 1),
+                prior_weights,
+            )
+            return grads.reshape(points.shape)
+
+        return gradients
+
+    def _iteration(self, state, inputs, constants):
+        """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
+        indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
+        step_size, start, bound = constants
+        new = self.step(self.state_type(*state), self._gradients(indices), inputs, step_size)
+        # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
+        valid = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
+        valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
+        # a diverging step is reverted without waiting for the device: select, don't branch
+        new = tuple(
+            torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
+        )
+        new_state = self.state_type(*new)
+        return new, (self.position(new_state), valid, *self.statistics(new_state).values())
+
+    def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        inputs = self.step_inputs(num_iterations, coins)
+        if self.minibatches is None:
+            return inputs
+        return (self.minibatches()[:num_iterations], *inputs)
+
+    def engine(self) -> ChunkEngine:
+        """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
+        kept across runs and chains only while the model's arguments are the same objects, unmodified
+        (then it is prepared once per shape: a new number of chains is a new shape)."""
+        inputs = self._model_inputs
+        if self._engine is None or not same_inputs(self._engine_inputs, inputs):
+            # a model evaluated client by client is run as written (see FederatedPotential)
+            self._engine = self._new_engine(
+                self.gradient_mode if self.potential.gradients.vectorized else "eager"
+            )
+            self._engine_inputs = inputs
+        return self._engine
+
+    def _new_engine(self, mode: str) -> ChunkEngine:
+        return ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
+
+    def _remaining_iterations(self) -> int | None:
+        """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
+        return None if self._iterations_needed is None else self._iterations_needed - self._computed
+
+    @property
+    def preparation_seconds(self) -> float:
+        """Seconds spent tracing and compiling (the iteration and the model's gradients) in this run."""
+        engine = 0.0 if self._engine is None else self._engine.preparation_seconds
+        return engine + (0.0 if self.potential is None else self.potential.preparation_seconds)
+
+    def _maybe_compile(self, seconds: float, num_iterations: int) -> None:
+        """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
+        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
+        if self._engine.mode != "auto":
+            return
+        remaining = self._remaining_iterations()
+        if (math.inf if remaining is None else remaining) * seconds / num_iterations > AUTO_COMPILE_SECONDS:
+            self._engine = self._new_engine("compiled")
+            self.potential.gradient_mode = "compiled"  # and the full gradients of refreshes, if any
+
+    def _run_chunk(self) -> None:
+        """Compute the next chunk of draws of every chain."""
+        remaining = self._remaining_iterations()
+        num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
+        start_time = time.perf_counter()
+        coins = self.draw_coins(num_iterations)
+        inputs = self._draw_inputs(num_iterations, coins)
+        engine, state, outputs, start = self.engine(), self._state, [], 0
+        preparation = engine.preparation_seconds
+        for k in np.flatnonzero(self.event_iterations(coins)):
+            state, out = engine.run(state, inputs, self._constants, start, k)
+            outputs.append(out)
+            after = self.event(self.state_type(*state), {n: c[k] for n, c in coins.items()})
+            state, out = engine.run(state, inputs, self._constants, k, k + 1)
+            outputs.append(out)
+            state, start = tuple(after(self.state_type(*state))), k + 1
+        state, out = engine.run(state, inputs, self._constants, start, num_iterations)
+        outputs.append(out)
+        self._state = state
+        self._computed += num_iterations
+        positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
+        statistics = dict(zip(self.statistics(self.state_type(*state)), values, strict=True))
+        bits = self.network.record(*self.traffic(coins))
+        self._buffer.add(positions, valid, statistics, self.coin_statistics(coins), bits)
+        # the chunk's outputs are on the host now: the time is the device's too
+        elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
+        self._maybe_compile(elapsed, num_iterations)
