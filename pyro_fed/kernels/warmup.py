@@ -31,16 +31,40 @@ def adapt(
     the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
     randomness."""
     pot = kernel.potential
-    b = pot.num_clients
-
     mode, rounds = find_mode(pot, start)
-    gather = inverse_mass is None and (
+    inverse_mass, curvature, condition, hessian_rounds = _preconditioner(pot, mode, inverse_mass, form)
+    root = adaptation.square_root(inverse_mass)
+    # typical points of the posterior, where the chains will be: the stiffness (with the mode's) and the
+    # noise are measured there; each client uploads its potential at the points (scalars, not counted)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
+    points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
+    stiffness, clients_per_step, stiffness_rounds = _stiffness(kernel, torch.cat([mode[None], points]), root)
+    rounds += hessian_rounds + stiffness_rounds
+    noise = 0.0
+    if kernel.measures_noise():
+        noise = _noise(kernel, seed, mode, points, root)
+        rounds += 1  # each client uploads its variance
+    step = kernel.step_size
+    if step is None:
+        step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
+    kernel.network.record_averages(rounds, shared=True)
+    return adaptation.Adaptation(
+        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points
+    )
+
+
+def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: str):
+    """The inverse mass (the user's ``given`` one, or one of ``form`` from the clients' Hessians at the
+    mode), the Hessian diagonal of :math:`U`, the condition number the diagonal form leaves (``nan`` when the
+    Hessian is not gathered) and the rounds of uploads it cost."""
+    gather = given is None and (
         form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
     )
-    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, b, total=gather)
+    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, pot.num_clients, total=gather)
     # each client uploads its Hessian (d^2 floats; the server sends the dense preconditioner back), or its
     # diagonal
-    rounds += pot.dim if gather else 1
+    rounds = pot.dim if gather else 1
     curvature = diagonals.sum(0)
     if pot.prior_on_server:  # the server's own share of the curvature
 
@@ -50,55 +74,47 @@ def adapt(
         prior_diagonal, prior_hessian = adaptation.client_hessians(prior_gradient, mode, 1, total=gather)
         curvature = curvature + prior_diagonal[0]
         hessian = None if hessian is None else hessian + prior_hessian
-    condition = float("nan")
-    if inverse_mass is None:
-        inverse_mass = adaptation.preconditioner(curvature)
-        if hessian is not None:
-            condition = adaptation.condition_number(hessian, inverse_mass)
-            if form == "dense" or condition > adaptation.DENSE_CONDITION:
-                inverse_mass = adaptation.dense_preconditioner(hessian)
-    root = adaptation.square_root(inverse_mass)
-    # typical points of the posterior, where the chains will be: the stiffness and the noise are measured
-    # there (and the stiffness at the mode too)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
-    # (each client uploads its potential at the points: scalars, not counted)
-    points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
-    at = torch.cat([mode[None], points])
+    if given is not None:
+        return given, curvature, float("nan"), rounds
+    inverse_mass, condition = adaptation.preconditioner(curvature), float("nan")
+    if hessian is not None:
+        condition = adaptation.condition_number(hessian, inverse_mass)
+        if form == "dense" or condition > adaptation.DENSE_CONDITION:
+            inverse_mass = adaptation.dense_preconditioner(hessian)
+    return inverse_mass, curvature, condition, rounds
+
+
+def _stiffness(kernel, points: torch.Tensor, root: torch.Tensor) -> tuple[float, int, int]:
+    """The stiffness that bounds the step, the largest over ``points``; the clients per step it is for
+    (``adaptation.step_size``'s ``num_clients``); and the rounds of uploads it cost."""
+    pot = kernel.potential
     if kernel.server_step or kernel.averages_every_iteration():
         # the server steps on the whole potential, or the clients' steps from their common average are one
         # step of gamma / b on it: the stiffness of the sum of the clients' Hessians (per client, then)
-        def total_gradient(points: torch.Tensor) -> torch.Tensor:
-            return pot.total_gradient(points[:, 0])[:, None]
+        def total_gradient(at: torch.Tensor) -> torch.Tensor:
+            return pot.total_gradient(at[:, 0])[:, None]
 
-        clients_per_step = 1 if kernel.server_step else b
-        largest, iterations = adaptation.client_stiffness(total_gradient, at, root, 1)
-        stiffness = float(largest.max()) / clients_per_step
+        clients_per_step = 1 if kernel.server_step else pot.num_clients
+        largest, iterations = adaptation.client_stiffness(total_gradient, points, root, 1)
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
-        rounds += iterations * len(at)
-    else:
-        # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
-        stiffness = float(adaptation.client_stiffness(pot.full_gradient_fn, at, root, b)[0].max())
-        clients_per_step = b
-    noise = 0.0
-    if kernel.measures_noise():
-        draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, points)
-        if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
-            raise ValueError(
-                f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
-                f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
-                f"b clients, or 1 for a server's estimate, d = {pot.dim})."
-            )
-        noise = adaptation.gradient_noise(draws, root)
-        rounds += 1  # each client uploads its variance
-    step = kernel.step_size
-    if step is None:
-        step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
-    kernel.network.record_averages(rounds, shared=True)
-    return adaptation.Adaptation(
-        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points
-    )
+        return float(largest.max()) / clients_per_step, clients_per_step, iterations * len(points)
+    # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
+    largest, _ = adaptation.client_stiffness(pot.full_gradient_fn, points, root, pot.num_clients)
+    return float(largest.max()), pot.num_clients, 0
+
+
+def _noise(kernel, seed: int, mode: torch.Tensor, points: torch.Tensor, root: torch.Tensor) -> float:
+    """The gradient noise of the kernel's estimate at the typical ``points`` (its ``adaptation_noise``)."""
+    pot = kernel.potential
+    draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, points)
+    if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
+        raise ValueError(
+            f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
+            f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
+            f"b clients, or 1 for a server's estimate, d = {pot.dim})."
+        )
+    return adaptation.gradient_noise(draws, root)
 
 
 def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
