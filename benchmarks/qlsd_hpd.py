@@ -26,10 +26,11 @@ memory rate :math:`1/(\omega+1)`:
 - digits: 8 chains x (500 warm-up + 4000 iterations, kept every 4th: 1000 draws), traced (not compiled:
   TorchInductor's compilation cost minutes on the busy 2-core machine), each chain *started at a reference
   draw* (8 evenly spaced ones). From the kernel's default start (a draw of the diagonal Laplace
-  approximation) the potential first drops then climbs back over ~1/(2 h lambda_min) ~ 4000 iterations at
-  the automatic step h ~ 0.004 (lambda_min ~ 0.03 for the preconditioned Hessian), ~20000 at participation
-  0.5 (h ~ 0.0005-0.001): a smoke run of 700 iterations gave eta 55-125 below the reference, ordered by step
-  size, i.e. it measured the transient. Started at posterior draws, the runs measure how far each sampler
+  approximation) the potential first drops then climbs back over ~1/(2 h lambda_min) ~ 6000 iterations at
+  the automatic step h ~ 0.003 (lambda_min ~ 0.03 for the preconditioned Hessian; the recorded run chose
+  the same step for every sampler and participation: the stiffness at typical points binds, not the
+  gradient noise): an earlier smoke run of 700 iterations gave eta 55-125 below the reference, ordered by
+  step size, i.e. it measured the transient. Started at posterior draws, the runs measure how far each sampler
   drifts from the posterior where it can move within 4500 iterations (the stiff directions, where the
   step's and the gradient noise's biases act); the slowest directions barely leave the posterior draw,
   so a bias there would be missed (that would need ~10^5 iterations per run).
@@ -47,8 +48,7 @@ models): QLSD++ matches LSD++'s HPD error while 3–7x cheaper in bits. With ``d
 message's norm weigh more, so Titanic's saving is smaller; digits (``d = 650``) is near the paper's size.
 
 Digits' time: about 3 minutes of NUTS and about 70 s per QLSD run (of which ~10-20 s set-up: mode search,
-curvatures, noise measurement) when the 2 cores are free; the recorded run took 25 minutes on a shared
-machine, one run alone 14 minutes (torch's two threads competing with other processes).
+curvatures, noise measurement) when the 2 cores are free; the recorded run took 13 minutes.
 
 Run::
 
