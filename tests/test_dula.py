@@ -10,7 +10,7 @@ import torch
 
 import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel
-from pyro_fed.algorithms import dula
+from pyro_fed.algorithms import adaptation, dula
 from pyro_fed.graphs import make_graph
 from pyro_fed.testing import batch_means_standard_error
 
@@ -18,6 +18,24 @@ from .models import gaussian_regression, regression_data, scaled_regression
 from .test_adaptation import NOISE_SD, anisotropic_problem, run
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+
+
+def test_a_dense_step_decays_as_a_matrix_step_and_its_root():
+    # alpha_k = a M / (k0 + k + 1)^delta: the drift matrix scales by the factor, its root by the factor's root
+    factor_of = (3.0 + 1.0 + 1.0) ** -0.5  # k = 3, k0 = 1, delta = 0.5
+    covariance = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+    step = adaptation.preconditioned_step(0.2, covariance)
+    alpha, _ = dula.step_sizes(
+        torch.tensor(3.0, dtype=torch.float64),
+        step,
+        0.1,
+        step_decay=0.5,
+        consensus_decay=0.0,
+        step_offset=1.0,
+    )
+    drift, root = alpha
+    torch.testing.assert_close(drift, 0.2 * factor_of * covariance)
+    torch.testing.assert_close(root @ root.T, 0.2 * factor_of * covariance)
 
 
 def test_the_average_takes_an_exact_ula_step_with_the_same_noise():

@@ -24,7 +24,7 @@ never from the pooled data:
    :math:`M = |H|^{-1}` (:func:`dense_preconditioner`, the absolute value taken on the eigenvalues), the
    Laplace approximation's covariance, which also undoes correlations. The dense step
    :math:`X - \gamma M \nabla U^i + \sqrt{2\gamma} R Z`, :math:`R R^\top = M`, is the plain step in the
-   coordinates :math:`y = R^{-1} x`; it costs two :math:`d \times d` products per client and iteration and
+   coordinates :math:`y = R^{-1} x`; it costs a :math:`d \times d` product per client and iteration and
    needs every client's Hessian (:math:`d^2` floats), so it is chosen when :math:`d` is at most
    ``DENSE_DIMENSIONS`` and the diagonal one leaves the Hessian ill-conditioned: the condition number
    :math:`\kappa` of :math:`\sqrt m H \sqrt m` (:func:`condition_number`) above ``DENSE_CONDITION``
@@ -80,7 +80,7 @@ CURVATURE_FLOOR = 1e-8
 DIRECTIONS_PER_PASS = 32
 #: halvings of a Laplace draw's offset at most, to bring it to the potential level of posterior draws
 TYPICAL_HALVINGS = 10
-#: largest dimension for which the dense preconditioner is considered (its iteration costs ``4 d^2`` flops
+#: largest dimension for which the dense preconditioner is considered (its iteration costs ``2 d^2`` flops
 #: per client, its set-up ``d^2`` floats from every client)
 DENSE_DIMENSIONS = 200
 #: condition number of the diagonally preconditioned Hessian above which the dense preconditioner is chosen
@@ -101,7 +101,9 @@ class Adaptation(NamedTuple):
     #: stiffness of :math:`U / b`, and for a server's step that of :math:`U`
     stiffness: float
     noise: float  #: :math:`\max_k m_k V_k` (0 with full local batches)
-    rounds: int  #: rounds in which every client uploaded ``d`` floats (mode search, curvature, noise)
+    #: rounds in which every client uploaded ``d`` floats: the mode search, the curvature (``d`` for a
+    #: gathered Hessian), the power iterations of a stiffness of the whole potential, the noise
+    rounds: int
     #: :math:`\kappa` of the diagonally preconditioned Hessian (``nan`` when the Hessian was not gathered)
     condition: float = float("nan")
     #: the draws of the Laplace approximation where the stiffness (with the mode) and the noise were measured
@@ -237,11 +239,11 @@ def marginal_scales(inverse_mass: torch.Tensor) -> torch.Tensor:
 
 def preconditioned_step(step_size: float, inverse_mass: torch.Tensor) -> torch.Tensor:
     r"""The step tensor of :func:`~pyro_fed.algorithms.langevin.langevin_step`: :math:`\gamma m` (``[d]``)
-    for a diagonal inverse mass, the square root :math:`\sqrt\gamma R` of :math:`\gamma M` (``[d, d]``)
-    for a dense one."""
+    for a diagonal inverse mass; for a dense one :math:`\gamma M` and its square root :math:`\sqrt\gamma R`
+    stacked (``[2, d, d]``), so that an iteration multiplies each client's gradient by one matrix."""
     if inverse_mass.dim() == 1:
         return step_size * inverse_mass
-    return math.sqrt(step_size) * square_root(inverse_mass)
+    return torch.stack([step_size * inverse_mass, math.sqrt(step_size) * square_root(inverse_mass)])
 
 
 def client_stiffness(
@@ -252,7 +254,7 @@ def client_stiffness(
     *,
     iterations: int = 100,
     tolerance: float = 1e-3,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, int]:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
     inverse mass), and the number of power iterations it took (each one Hessian-vector product per client

@@ -71,7 +71,7 @@ def step(
     :param noise: standard Gaussian noise ``[C, n, d]`` (scaled here to :math:`N(0, n I)`).
     :param graph: a :class:`~pyro_fed.graphs.Graph`.
     :param alpha: :math:`\\alpha_k`, a step of :func:`~pyro_fed.algorithms.langevin.langevin_step` (a
-        scalar, per coordinate, or the square root of a preconditioned matrix step).
+        scalar, per coordinate, or a dense preconditioned step with its root).
     :param beta: :math:`\\beta_k`.
     """
     w = state.clients

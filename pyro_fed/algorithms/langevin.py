@@ -18,21 +18,23 @@ def langevin_step(
     :param grad: (estimate of) the potential's gradient at ``x``.
     :param step_size: :math:`h > 0`, a tensor (so that a compiled step does not depend on its value): a
         scalar :math:`\gamma`; per coordinate (``[d]``), :math:`h = \gamma m` for the step preconditioned by
-        the diagonal inverse mass :math:`m`; or a matrix ``[d, d]``, a symmetric square root :math:`R` of
-        the step :math:`h = R R^\top = \gamma M` preconditioned by a dense inverse mass :math:`M`, for which
-        the step reads :math:`x - R R^\top g + \sqrt 2 R Z` (see :mod:`pyro_fed.algorithms.adaptation`).
+        the diagonal inverse mass :math:`m`; or, for a dense inverse mass :math:`M`, ``[2, d, d]``: the step
+        :math:`h = \gamma M` and its symmetric square root :math:`\sqrt\gamma R` (:math:`R R^\top = M`),
+        for which the step reads :math:`x - h g + \sqrt 2\, \sqrt\gamma R Z` (one :math:`d \times d`
+        product for the gradient; see :mod:`pyro_fed.algorithms.adaptation`).
     :param noise: standard Gaussian noise :math:`Z`, broadcastable to the shape of ``x``.
     """
-    if step_size.dim() == 2:
-        return x - (grad @ step_size) @ step_size.T + math.sqrt(2.0) * (noise @ step_size.T)
+    if step_size.dim() == 3:
+        drift, root = step_size  # gamma M and its root, both symmetric
+        return x - grad @ drift + math.sqrt(2.0) * (noise @ root)
     return x - step_size * grad + (2.0 * step_size).sqrt() * noise
 
 
 def scale_step(step_size: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    r"""The step :math:`c h` of :func:`langevin_step` for a factor :math:`c > 0` (a square root ``[d, d]``
-    scales by :math:`\sqrt c`)."""
-    if isinstance(step_size, torch.Tensor) and step_size.dim() == 2:
-        return step_size * factor.sqrt()
+    r"""The step :math:`c h` of :func:`langevin_step` for a factor :math:`c > 0` (``factor``, a tensor; of a
+    dense step ``[2, d, d]``, the root scales by :math:`\sqrt c`)."""
+    if isinstance(step_size, torch.Tensor) and step_size.dim() == 3:
+        return step_size * torch.stack([factor, factor.sqrt()]).view(2, 1, 1)
     return step_size * factor
 
 

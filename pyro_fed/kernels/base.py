@@ -271,8 +271,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
                 dtype=pot.dtype,
             )
         )
-        # inputs of the prepared iteration: the preconditioned step (gamma * m, or the root of gamma * M), and
-        # the explosion bounds
+        # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),
+        # and the explosion bounds
         self._constants = (
             adaptation.preconditioned_step(self.current_step_size, inverse_mass),
             positions.clone(),
