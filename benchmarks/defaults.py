@@ -19,10 +19,12 @@ Seven models, each with its data made here from a fixed seed (Titanic: the table
 - ``scales_100x``: a linear regression whose features have scales 1, 10 and 0.1, so that its posterior
   sds differ by 100x (``N = 500``, known noise).
 
-For each model, Pyro's NUTS on the pooled data (one chain, 500 warm-up + 1000 draws; on ``bnn`` with
-``max_tree_depth=6``, as its default depth of 10 costs about a second per draw) is the reference, and
+For each model, Pyro's NUTS on the pooled data (two chains, 500 warm-up + 1000 draws each; on ``bnn``
+with ``max_tree_depth=6``, as its default depth of 10 costs about a second per draw) is the reference, and
 ``MCMC(FaldKernel(model), num_samples=5000, warmup_steps=500, num_chains=2)`` — no clients (10 i.i.d.), no
-step size, no preconditioner given — is compared with it, per compared quantity :math:`j`:
+step size, no preconditioner given — is compared with it. The network's posterior mixes slowly for both
+samplers, so on ``bnn`` both run longer (see :func:`budgets`): NUTS two chains of 3000 draws, FALD four
+chains of 5000 draws thinned by 500 (``thinning=500``). Per compared quantity :math:`j`:
 
 - ``mean err`` = :math:`\max_j |\hat\mu_j - \mu^{NUTS}_j| / \sigma^{NUTS}_j` (target ≤ 0.2);
 - ``sd err`` = :math:`\max_j |\hat\sigma_j / \sigma^{NUTS}_j - 1|` (target ≤ 0.15);
@@ -33,14 +35,19 @@ step size, no preconditioner given — is compared with it, per compared quantit
 
 Both errors include the Monte Carlo error of both runs (the table prints both ESS: with ESS :math:`E`, a
 mean has standard error :math:`\sigma/\sqrt E` and an sd about :math:`1/\sqrt{2E}` relative), so a run
-passes only with enough effective draws. On ``scales_100x`` the same FALD with the best *isotropic* step
-of the same stability (:math:`\gamma = 0.2\, b / \lambda_{\max}(\nabla^2 U)`, no preconditioner, the pooled
-Hessian used to set it) is run too: its widest coordinate moves 10^4 times slower.
+passes only with enough effective draws: ``MC sd`` is :math:`\sqrt{1/E_{FALD} + 1/E_{NUTS}}`, the standard
+deviation of one quantity's ``mean err`` from Monte Carlo error alone (the max over quantities is larger),
+and ``R-hat`` the largest rank-normalised split R-hat over the quantities (ArviZ's).
+
+On ``scales_100x`` the same FALD with the best *isotropic* step of the same stability
+(:math:`\gamma = 0.2\, b / \lambda_{\max}(\nabla^2 U)`, no preconditioner, the pooled Hessian used to set
+it) is run too: its widest coordinate moves 10^4 times slower.
 
 Run::
 
-    python benchmarks/defaults.py            # all models (about 15 minutes on 2 CPU cores, half of it NUTS
-                                             # on the network)
+    python benchmarks/defaults.py            # all models (about 45 minutes on one core, most of it on the
+                                             # network: NUTS 25 minutes, FALD 7)
+    python benchmarks/defaults.py --models bnn titanic   # these rows only (the others in the results kept)
     python benchmarks/defaults.py --quick    # fewer draws, a smoke run (a few minutes)
 
 Results: ``benchmarks/results/defaults{,_quick}.{md,json}`` (``--out`` changes the folder).
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
 import warnings
@@ -215,6 +223,45 @@ def ess(values: dict) -> float:
     return float(min(np.min(az.ess(az.convert_to_dataset({k: v}))[k].values) for k, v in values.items()))
 
 
+def rhat(values: dict) -> float:
+    return float(max(np.max(az.rhat(az.convert_to_dataset({k: v}))[k].values) for k, v in values.items()))
+
+
+def nuts_reference(name, model, data, select, budget, cache: Path | None) -> tuple[dict, float]:
+    """NUTS's compared quantities (``{name: [chains, draws, k]}``) and its wall time; with ``cache``, read
+    from ``cache/<name>-<budget>.npz`` when there (NUTS does not depend on this package: the reference of
+    an unchanged model and budget can be reused), else written there."""
+    path = None if cache is None else cache / f"{name}-{'-'.join(map(str, budget))}.npz"
+    if path is not None and path.exists():
+        stored = dict(np.load(path))
+        return {k[2:]: v for k, v in stored.items() if k.startswith("q_")}, float(stored["seconds"])
+    pyro.set_rng_seed(1)
+    # the network's posterior makes NUTS build its deepest trees (1023 steps, ~1 s per draw): capped
+    kernel = NUTS(model, max_tree_depth=6) if name == "bnn" else NUTS(model)
+    nuts, seconds = timed_run(kernel, data, *budget)
+    reference = quantities(nuts, select)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, seconds=seconds, **{f"q_{k}": v for k, v in reference.items()})
+    return reference, seconds
+
+
+def budgets(name: str, quick: bool) -> dict:
+    """``(warm-up, draws, chains)`` of NUTS and of FALD, and FALD's thinning, for model ``name``.
+
+    The network's posterior mixes slowly for both samplers: at the common budget NUTS reaches an ESS of
+    about 27 and FALD about 5, so the errors would measure Monte Carlo error alone. There NUTS gets two
+    chains of 3000 draws (about 25 minutes) and FALD four chains of 5000 draws thinned by 500
+    (2.75 million iterations each, warm-up included; about 7 minutes), for ESS in the hundreds.
+    ``thinning`` only spaces out the draws that ``MCMC`` stores; the iterations are the same.
+    """
+    if quick:
+        return {"nuts": (100, 100, 2), "fald": (100, 400, 2), "thinning": 1}
+    if name == "bnn":
+        return {"nuts": (500, 3000, 2), "fald": (500, 5000, 4), "thinning": 500}
+    return {"nuts": (500, 1000, 2), "fald": (500, 5000, 2), "thinning": 1}
+
+
 def timed_run(kernel, args, warmup, samples, chains) -> tuple[MCMC, float]:
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True)
     start = time.perf_counter()
@@ -247,23 +294,29 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer draws: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument(
+        "--nuts-cache", type=Path, help="a folder to keep and reuse NUTS references in (default: none)"
+    )
+    parser.add_argument(
+        "--models", nargs="+", help="run only these (their rows replace those already in the results)"
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float64)
-    warmup, samples, nuts_warmup, nuts_samples = (
-        (100, 400, 100, 200) if args.quick else (500, 5000, 500, 1000)
-    )
+    problems = make_problems()
+    unknown = set(args.models or ()) - set(problems)
+    if unknown:
+        parser.error(f"--models: unknown {sorted(unknown)}; the models are {list(problems)}")
     rows = []
-    for name, (model, data, select) in make_problems().items():
-        pyro.set_rng_seed(1)
-        # the network's posterior makes NUTS build its deepest trees (1023 steps, ~1 s per draw): capped
-        nuts_kernel = NUTS(model, max_tree_depth=6) if name == "bnn" else NUTS(model)
-        nuts, nuts_seconds = timed_run(nuts_kernel, data, nuts_warmup, nuts_samples, 1)
-        reference = quantities(nuts, select)
+    for name, (model, data, select) in problems.items():
+        if args.models and name not in args.models:
+            continue
+        budget = budgets(name, args.quick)
+        reference, nuts_seconds = nuts_reference(name, model, data, select, budget["nuts"], args.nuts_cache)
         pyro.set_rng_seed(2)
-        kernel = FaldKernel(model)
-        fald, fald_seconds = timed_run(kernel, data, warmup, samples, 2)
+        kernel = FaldKernel(model, thinning=budget["thinning"])
+        fald, fald_seconds = timed_run(kernel, data, *budget["fald"])
         values = quantities(fald, select)
         divergences = sum(len(v) for v in fald.diagnostics()["divergences"].values())
         row = {
@@ -272,6 +325,10 @@ def main(argv=None) -> None:
             **compare(name, values, reference),
             "fald_ess": ess(values),
             "nuts_ess": ess(reference),
+            "fald_rhat": rhat(values),
+            "nuts_rhat": rhat(reference),
+            "fald_iterations": math.prod(budget["fald"][1:]) * budget["thinning"],
+            "nuts_draws": budget["nuts"][2] * budget["nuts"][1],
             "fald_seconds": fald_seconds,
             "nuts_seconds": nuts_seconds,
             "step_size": kernel.adaptation.step_size,
@@ -288,7 +345,7 @@ def main(argv=None) -> None:
         if name == "scales_100x":
             pyro.set_rng_seed(2)
             step = isotropic_step(model, data, kernel)
-            iso, iso_seconds = timed_run(FaldKernel(model, step_size=step), data, warmup, samples, 2)
+            iso, iso_seconds = timed_run(FaldKernel(model, step_size=step), data, *budget["fald"])
             iso_values = quantities(iso, select)
             row["isotropic"] = {
                 **compare(name, iso_values, reference),
@@ -310,16 +367,22 @@ def write(rows: list[dict], args) -> None:
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }
-    (args.out / f"{stem}.json").write_text(json.dumps({"rows": rows, "info": info}, indent=2))
+    path = args.out / f"{stem}.json"
+    if args.models and path.exists():  # the rows of the models not run now are kept, in the usual order
+        order = list(make_problems())
+        kept = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in args.models]
+        rows = sorted(kept + rows, key=lambda r: order.index(r["model"]))
+    path.write_text(json.dumps({"rows": rows, "info": info}, indent=2))
     lines = [
         "# `MCMC(FaldKernel(model))` with every default vs NUTS on the pooled data",
         "",
         f"Written by `benchmarks/defaults.py{' --quick' if args.quick else ''}` (see its docstring). "
         f"Targets: mean err ≤ {MEAN_TARGET}, sd err ≤ {SD_TARGET}. {info}",
         "",
-        "| model | d | mean err | sd err | passes | FALD ESS | FALD s | FALD ESS/s | NUTS ESS | NUTS s "
-        "| NUTS ESS/s | ESS/s ratio | step | preconditioner (κ diagonal) | curvature span | divergences |",
-        "|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| model | d | mean err | sd err | MC sd | passes | FALD ESS | R-hat | FALD s | FALD ESS/s "
+        "| NUTS ESS | R-hat | NUTS s | NUTS ESS/s | ESS/s ratio | step | preconditioner (κ diagonal) "
+        "| curvature span | divergences |",
+        "|---|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         cells = [
@@ -327,11 +390,14 @@ def write(rows: list[dict], args) -> None:
             r["d"],
             f"{r['mean_err']:.3f}",
             f"{r['sd_err']:.3f}",
+            f"{math.sqrt(1 / r['fald_ess'] + 1 / r['nuts_ess']):.3f}",
             "yes" if r["passes"] else "NO",
             f"{r['fald_ess']:.0f}",
+            f"{r['fald_rhat']:.3f}",
             f"{r['fald_seconds']:.1f}",
             f"{r['fald_ess_per_s']:.1f}",
             f"{r['nuts_ess']:.0f}",
+            f"{r['nuts_rhat']:.3f}",
             f"{r['nuts_seconds']:.1f}",
             f"{r['nuts_ess_per_s']:.1f}",
             f"{r['fald_ess_per_s'] / r['nuts_ess_per_s']:.2f}",
