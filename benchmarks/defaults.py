@@ -275,7 +275,7 @@ def timed_run(kernel, args, warmup, samples, chains) -> tuple[MCMC, float]:
     return mcmc, time.perf_counter() - start
 
 
-def compare(name, values, reference) -> dict:
+def compare(values, reference) -> dict:
     """The largest errors, and every quantity's (mean difference in NUTS sds, sd ratio to NUTS's)."""
     mean_errors, sd_ratios = {}, {}
     for k, v in values.items():
@@ -332,7 +332,7 @@ def main(argv=None) -> None:
         row = {
             "model": name,
             "d": kernel.potential.dim,
-            **compare(name, values, reference),
+            **compare(values, reference),
             "fald_ess": ess(values),
             "nuts_ess": ess(reference),
             "fald_rhat": rhat(values),
@@ -353,32 +353,30 @@ def main(argv=None) -> None:
         row["nuts_ess_per_s"] = row["nuts_ess"] / nuts_seconds
         row["passes"] = row["mean_err"] <= MEAN_TARGET and row["sd_err"] <= SD_TARGET
         if name == "scales_100x":
-            pyro.set_rng_seed(2)
             step = isotropic_step(model, data, kernel)
-            iso, iso_seconds = timed_run(FaldKernel(model, step_size=step), data, *budget["fald"])
-            iso_values = quantities(iso, select)
-            row["isotropic"] = {
-                **compare(name, iso_values, reference),
-                "ess": ess(iso_values),
-                "step_size": step,
-            }
+            row["isotropic"] = other_step(model, data, select, reference, budget, step)
         if name == "bnn":  # is the sd error the step's? the same run with an 8 times smaller one
-            pyro.set_rng_seed(2)
             step = kernel.adaptation.step_size / 8
-            small = FaldKernel(model, step_size=step, preconditioner="adapt", thinning=budget["thinning"])
-            small_run, small_seconds = timed_run(small, data, *budget["fald"])
-            small_values = quantities(small_run, select)
-            row["smaller_step"] = {
-                **compare(name, small_values, reference),
-                "ess": ess(small_values),
-                "step_size": step,
-            }
+            row["smaller_step"] = other_step(
+                model, data, select, reference, budget, step, preconditioner="adapt"
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
-    write(rows, args)
+    write(rows, args, list(problems))
 
 
-def write(rows: list[dict], args) -> None:
+def other_step(model, data, select, reference, budget, step: float, **options) -> dict:
+    """The errors and ESS of the same FALD run with the given ``step`` (and kernel ``options``)."""
+    pyro.set_rng_seed(2)
+    kernel = FaldKernel(model, step_size=step, thinning=budget["thinning"], **options)
+    run, _ = timed_run(kernel, data, *budget["fald"])
+    values = quantities(run, select)
+    return {**compare(values, reference), "ess": ess(values), "step_size": step}
+
+
+def write(rows: list[dict], args, order: list[str]) -> None:
+    """The results files; with ``--models``, the rows already there of the other models are kept (the rows
+    in ``order``, the models' names)."""
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "defaults_quick" if args.quick else "defaults"
     info = {
@@ -389,8 +387,7 @@ def write(rows: list[dict], args) -> None:
         "threads": torch.get_num_threads(),
     }
     path = args.out / f"{stem}.json"
-    if args.models and path.exists():  # the rows of the models not run now are kept, in the usual order
-        order = list(make_problems())
+    if args.models and path.exists():
         kept = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in args.models]
         rows = sorted(kept + rows, key=lambda r: order.index(r["model"]))
     path.write_text(json.dumps({"rows": rows, "info": info}, indent=2))
