@@ -113,7 +113,7 @@ def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
         root = adaptation.square_root(inverse_mass)
         # at the mode and at another point (the same Hessians: Gaussian clients)
         points = torch.stack([mode, mode + 1.0])
-        stiffness, iterations = adaptation.client_stiffness(
+        stiffness, iterations, _ = adaptation.client_stiffness(
             pot.full_gradient_fn, points, root, pot.num_clients
         )
         assert 1 < iterations < 100
@@ -182,6 +182,59 @@ def test_preconditioner_floor_step_size_and_noise_formulas():
     # a dense root: the variances of the whitened draws, v @ R = ((v0 + v1) / sqrt 2) (1, 1): 1 + 4 = 5
     dense_root = torch.ones(2, 2) / 2**0.5
     assert adaptation.gradient_noise(at_one_point[:, None], dense_root) == pytest.approx(5.0)
+
+
+def quartic_pilot(points, step, max_iterations, seed=0):
+    """The pilot on U(x) = sum_k x_k^2 / 2 + x_k^4 / 4, whose curvature 1 + 3 x_k^2 grows away from the mode
+    (stiffness: the largest over the points and coordinates), with the iterations and step of every block
+    (the moves between two stiffness checks) recorded."""
+    blocks = [[0, None]]
+
+    def move(x, noise, h):
+        blocks[-1] = [blocks[-1][0] + len(noise), h]
+        for z in noise:
+            x = adaptation.langevin_move(lambda p: p + p**3, x, z, torch.tensor(h), torch.ones(1))
+        return x
+
+    def stiffness(x):
+        blocks.append([0, None])
+        return float((1 + 3 * x.square()).max())
+
+    generator = torch.Generator().manual_seed(seed)
+    result = adaptation.pilot_step(move, stiffness, points, step, 1, generator, max_iterations=max_iterations)
+    return result, blocks[:-1]
+
+
+def test_the_pilot_shrinks_the_step_where_the_posterior_is_stiffer_than_at_its_start():
+    # from the mode, where the curvature is 1 (the rule's step 0.2), the particles reach |x| ~ 1 and beyond,
+    # where it is 4 and more: the step must end at rho over the largest curvature they met
+    start = torch.zeros(4, 1)
+    (step, largest, iterations), blocks = quartic_pilot(start, adaptation.STEP_TARGET, 10**6)
+    assert largest > 4 and step == pytest.approx(adaptation.STEP_TARGET / largest)
+    # each block runs for a Langevin time T / checks at the step of the moment, which only shrinks
+    assert len(blocks) == adaptation.PILOT_CHECKS
+    steps = [h for _, h in blocks]
+    assert steps == sorted(steps, reverse=True) and steps[-1] < steps[0]
+    for n, h in blocks:
+        assert n == math.ceil(adaptation.PILOT_DURATION / (adaptation.PILOT_CHECKS * h))
+    assert sum(n for n, _ in blocks) == iterations
+
+
+def test_the_pilot_keeps_the_step_on_a_gaussian_and_stops_at_its_iteration_budget():
+    # U = |x|^2 / 2 seen through a stiffness of 1 everywhere: nothing to shrink
+    def move(x, noise, h):
+        return x + noise[-1]
+
+    generator = torch.Generator().manual_seed(0)
+    step, largest, iterations = adaptation.pilot_step(
+        move, lambda x: 1.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=50
+    )
+    assert (step, largest) == (0.2, 1.0)
+    # 50 iterations in 16 blocks of at most ceil(50 / 16) = 4: the budget ends the pilot
+    assert iterations == 50
+    # no warm-up, no pilot
+    none = adaptation.pilot_step(move, lambda x: 9.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=0)
+    assert none == (0.2, 0.0, 0)
 
 
 # ----------------------------------------------------------------------------------- in the kernels
@@ -298,9 +351,11 @@ def test_adaptation_is_reproducible_and_the_same_with_one_or_several_chains(kern
     for num_chains, seed in ((1, 0), (3, 0), (1, 0), (1, 1)):
         kernel = kernel_type(gaussian_regression(NOISE_SD), clients, batch_size=batch_size)
         pyro.set_rng_seed(seed)
-        run(kernel, (x, y), num_samples=2, warmup=0, num_chains=num_chains)
+        # with a warm-up: the pilot run is part of the choice
+        run(kernel, (x, y), num_samples=2, warmup=5, num_chains=num_chains)
         chosen.append(kernel.adaptation)
     first, several, again, other_seed = chosen
+    assert first.pilot_iterations > 0
     for other in (several, again):
         assert other.step_size == first.step_size
         assert torch.equal(other.preconditioner, first.preconditioner)
@@ -340,6 +395,26 @@ def test_the_stiffness_is_the_largest_at_the_mode_and_at_draws_of_the_laplace_ap
     # moves it by more than 5% (all four closer has probability ~2e-4), so the mode alone would differ
     assert float(per_point.max() - per_point.min()) > 0.05 * float(per_point.max())
     assert chosen.step_size == pytest.approx(adaptation.STEP_TARGET / chosen.stiffness)
+
+
+def test_the_pilot_runs_within_the_warm_up_and_checks_the_step_where_the_draws_go():
+    y = torch.tensor([0.8, 1.3, 0.6, 1.1, 1.2, 0.9])
+    chosen = []
+    for warmup in (0, 10):
+        kernel = FaldKernel(cubic_model, 2, thinning=3, gradient_mode="traced")
+        pyro.set_rng_seed(0)
+        run(kernel, (y,), num_samples=2, warmup=warmup)
+        chosen.append(kernel.adaptation)
+    without, pilot = chosen
+    assert without.pilot_iterations == 0  # no warm-up, no pilot: the step of the typical points
+    # the same mode and typical points; the pilot runs at most the warm-up's 10 x 3 iterations
+    assert torch.equal(pilot.typical_points, without.typical_points)
+    assert 0 < pilot.pilot_iterations <= 30
+    # the stiffness it keeps is the largest it met, the typical points' included, and sets the step
+    assert pilot.stiffness >= without.stiffness
+    assert pilot.step_size == pytest.approx(adaptation.STEP_TARGET / pilot.stiffness)
+    # every pilot iteration is a round per particle (every client uploads its gradient at 4 points)
+    assert pilot.rounds >= without.rounds + 4 * pilot.pilot_iterations
 
 
 def test_the_adaptation_is_counted_once_for_all_chains():

@@ -57,6 +57,14 @@ client :math:`i` alone with :math:`\gamma` on :math:`U^i`; so
 with ``STEP_TARGET`` :math:`\rho = 0.2` (the stiffest direction's variance about 10% too wide, its standard
 deviation 5%) and ``NOISE_TARGET`` :math:`\nu = 0.1` (at most 10% more variance from the minibatches).
 
+Last, a **pilot run** (:func:`pilot_step`) checks that step where the posterior's draws go: the typical
+points move as ``P`` particles of the unadjusted Langevin recursion on :math:`U`, at the move the samplers
+make on it, for a Langevin time of ``PILOT_DURATION`` but at most the warm-up's iterations, and the
+stiffness is measured at them ``PILOT_CHECKS`` times, the step shrunk to :math:`\rho / \lambda` whenever
+:math:`\lambda` exceeds the bound. Laplace draws, even pulled in, miss the stiffest regions of a
+far-from-Gaussian posterior: on a 3-unit network the chains reach points ten times stiffer than any of them,
+and a step set at them made the posterior 15-20% too wide.
+
 **References:** the preconditioned Langevin step: Girolami & Calderhead, *Riemann manifold Langevin and
 Hamiltonian Monte Carlo methods*, JRSS B 2011 (with a constant metric); the step-size stability condition:
 Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics*, AISTATS 2023, Section 4.
@@ -78,6 +86,14 @@ NOISE_TARGET = 0.1
 CURVATURE_FLOOR = 1e-8
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
 DIRECTIONS_PER_PASS = 32
+#: :math:`T`: the pilot's length in the continuous time of the Langevin diffusion (see :func:`pilot_step`)
+PILOT_DURATION = 10.0
+#: the pilot's stiffness measurements (and chances to shrink the step)
+PILOT_CHECKS = 16
+#: the relative accuracy of the pilot's stiffness measurements
+PILOT_TOLERANCE = 1e-2
+#: the pilot's iterations whose noise is drawn at once
+PILOT_NOISE_CHUNK = 256
 #: halvings of a Laplace draw's offset at most, to bring it to the potential level of posterior draws
 TYPICAL_HALVINGS = 10
 #: largest dimension for which the dense preconditioner is considered (its iteration costs ``2 d^2`` flops
@@ -108,6 +124,9 @@ class Adaptation(NamedTuple):
     condition: float = float("nan")
     #: the draws of the Laplace approximation where the stiffness (with the mode) and the noise were measured
     typical_points: torch.Tensor | None = None
+    #: the iterations of the pilot run that checked the step where the posterior's draws go (see
+    #: :func:`pilot_step`; 0 when the step was the user's)
+    pilot_iterations: int = 0
 
 
 def find_mode(
@@ -254,21 +273,23 @@ def client_stiffness(
     *,
     iterations: int = 100,
     tolerance: float = 1e-3,
-) -> tuple[torch.Tensor, int]:
+    start: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, int, torch.Tensor]:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
-    inverse mass), and the number of power iterations it took (each one Hessian-vector product per client
-    and point).
+    inverse mass), the number of power iterations it took (each one Hessian-vector product per client
+    and point), and the last directions (``[P, b, d]``: a ``start`` for points nearby).
 
-    By power iteration, all points and clients at once, from a fixed pseudo-random start (so the result is
-    reproducible); it stops when no Rayleigh quotient moves by more than ``tolerance`` (relative) in an
-    iteration.
+    By power iteration, all points and clients at once, from ``start`` (``[P, b, d]``) or a fixed
+    pseudo-random start (so the result is reproducible); it stops when no Rayleigh quotient moves by more
+    than ``tolerance`` (relative) in an iteration.
     """
-    generator = torch.Generator(device="cpu").manual_seed(0)
     shape = (points.shape[0], num_clients, points.shape[-1])
     done = 0
-    vector = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
-    vector = vector / vector.norm(dim=-1, keepdim=True)
+    if start is None:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        start = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
+    vector = start / start.norm(dim=-1, keepdim=True)
     estimate = torch.zeros(shape[:-1], dtype=points.dtype, device=points.device)
     while done < iterations:
         done += 1
@@ -277,7 +298,7 @@ def client_stiffness(
         vector = product / product.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         if bool(((estimate - previous).abs() <= tolerance * estimate).all()):
             break
-    return estimate, done
+    return estimate, done, vector
 
 
 def typical_points(
@@ -300,6 +321,78 @@ def typical_points(
             break
         scale = torch.where(above[:, None], scale / 2, scale)
     return mode + scale * offsets
+
+
+def pilot_step(
+    move: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor],
+    stiffness: Callable[[torch.Tensor], float],
+    points: torch.Tensor,
+    step: float,
+    clients_per_step: int,
+    generator: torch.Generator,
+    *,
+    max_iterations: int,
+) -> tuple[float, float, int]:
+    r"""The step, shrunk where a pilot run finds the posterior stiffer than at the typical points.
+
+    A posterior far from Gaussian (a neural network's) has regions ten times stiffer than any draw of its
+    Laplace approximation, which chains reach only after thousands of iterations; a step chosen at the
+    Laplace draws is biased there (on a small network, a posterior 15-20% too wide). So ``P`` pilot
+    particles, from ``points`` (``[P, d]``), run the preconditioned unadjusted Langevin recursion on the
+    whole potential :math:`U` (:func:`langevin_move`; ``move(x, noise, h)`` runs ``len(noise)`` of them),
+
+    .. math::
+
+        x \leftarrow x - h M \nabla U(x) + \sqrt{2h}\, R Z, \qquad h = \gamma / b_\gamma,
+
+    the move the samplers make on :math:`U` (:math:`b_\gamma` = ``clients_per_step``: the clients' average
+    moves by :math:`\gamma / b`, a server's iterate by :math:`\gamma`), in ``PILOT_CHECKS`` blocks of
+    :math:`\lceil T / (\mathrm{checks} \cdot h) \rceil` iterations: a continuous time :math:`T` =
+    ``PILOT_DURATION`` in all (the preconditioner makes the posterior's scales about 1, and a Langevin
+    diffusion relaxes a unit scale in a time of about 1), each block at most ``max_iterations / checks``
+    iterations and all at most ``max_iterations`` (the kernels pass the warm-up's iterations: the pilot
+    explores about as far as the chains' warm-up, at ``P / C`` times its cost for ``C`` chains on full
+    batches, and ``N_i / n_i`` times more with minibatches, as its gradients are the full data's). After
+    each block the stiffness is measured at the particles (``stiffness``: points ``[P, d]`` ->
+    :math:`\max_i \lambda^i`, in the units of :func:`step_size`) and the step becomes :math:`\min(\gamma,
+    \rho / \lambda)`, so that the rest of the pilot moves as the chains will. ``generator`` (on the host)
+    draws the noise: the pilot is the same for any number of chains.
+
+    :returns: the step, the largest stiffness measured and the iterations run.
+    """
+    largest, iterations, x = 0.0, 0, points.clone()
+    for _ in range(PILOT_CHECKS):
+        h = step / clients_per_step
+        block = min(
+            math.ceil(PILOT_DURATION / (PILOT_CHECKS * h)),
+            math.ceil(max_iterations / PILOT_CHECKS),
+            max_iterations - iterations,
+        )
+        if block <= 0:
+            break
+        for start in range(0, block, PILOT_NOISE_CHUNK):  # the noise of many iterations per transfer
+            shape = (min(PILOT_NOISE_CHUNK, block - start), *x.shape)
+            x = move(x, torch.randn(shape, generator=generator, dtype=x.dtype).to(x.device), h)
+        iterations += block
+        measured = stiffness(x)
+        largest = max(largest, measured)
+        step = min(step, STEP_TARGET / measured)
+    return step, largest, iterations
+
+
+def langevin_move(
+    gradient: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    noise: torch.Tensor,
+    h: torch.Tensor,
+    root: torch.Tensor,
+) -> torch.Tensor:
+    r"""One preconditioned unadjusted Langevin step on :math:`U` from each of the points ``x`` (``[P, d]``):
+    :math:`x - h M \nabla U(x) + \sqrt{2h} R Z`, ``gradient`` giving :math:`\nabla U` (``[P, d]``),
+    ``noise`` :math:`Z` (``[P, d]``), ``root`` :math:`R`. A point whose step is not finite stays where it
+    was (a pure tensor function: a select, not a branch)."""
+    moved = x - h * whiten(root, whiten(root, gradient(x))) + (2 * h).sqrt() * whiten(root, noise)
+    return torch.where(moved.isfinite().all(-1, keepdim=True), moved, x)
 
 
 def gradient_noise(draws: torch.Tensor, root: torch.Tensor) -> float:

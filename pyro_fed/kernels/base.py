@@ -71,7 +71,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.partition`).
     :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
-        from the curvature of the potential at its mode; see :mod:`pyro_fed.algorithms.adaptation`).
+        from the curvature of the potential at its mode and at typical points, then checked by a pilot run
+        of at most the warm-up's iterations; see :mod:`pyro_fed.algorithms.adaptation`).
     :param preconditioner: the inverse mass of the preconditioned steps: diagonal :math:`m`,
         :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`, or dense :math:`M = R
         R^\\top`, :math:`X - \\gamma M \\hat\\nabla U + \\sqrt{2\\gamma} R Z`. ``None`` (default: adapted when
@@ -298,7 +299,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         if self.step_size is None or isinstance(self.preconditioner, str):
             named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
             form = self.preconditioner if named else "auto"
-            self.adaptation = warmup.adapt(self, start, seed, given, form)
+            self.adaptation = warmup.adapt(
+                self, start, seed, given, form, max_pilot_iterations=self._warmup_steps * self.thinning
+            )
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 

@@ -49,7 +49,8 @@ class FaldKernel(FederatedKernel):
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.partition`); default: 10 i.i.d. clients (one per datum with fewer than 10 data).
     :param float step_size: :math:`\gamma > 0` (default: chosen from the potential's curvature before the
-        chains start, see :mod:`pyro_fed.algorithms.adaptation`).
+        chains start, and checked by a pilot run within the warm-up; see
+        :mod:`pyro_fed.algorithms.adaptation`).
     :param preconditioner: the inverse mass :math:`m` of preconditioned steps (default: adapted with an
         automatic ``step_size``, none with a given one), ``"adapt"`` or a tensor of ``d`` positive numbers;
         see :class:`~pyro_fed.FederatedKernel`.

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from ..algorithms import adaptation
 from ..algorithms.rng import Randomness
+from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
+from .chunks import AUTO_COMPILE_SECONDS
 
 #: minibatches drawn per client and point to measure the gradient noise (the relative standard error of a
 #: variance from R draws is about sqrt(2 / R): 18% here)
@@ -20,7 +23,12 @@ TYPICAL_POINTS = 4
 
 
 def adapt(
-    kernel, start: torch.Tensor, seed: int, inverse_mass: torch.Tensor | None = None, form: str = "auto"
+    kernel,
+    start: torch.Tensor,
+    seed: int,
+    inverse_mass: torch.Tensor | None = None,
+    form: str = "auto",
+    max_pilot_iterations: int = 0,
 ) -> adaptation.Adaptation:
     """Choose what the user left automatic in ``kernel`` (its ``step_size``, its ``preconditioner``) from
     the curvature of its potential at the mode found from ``start`` (``[d]``); the bits the clients upload
@@ -29,7 +37,8 @@ def adapt(
     ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves a condition
     number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
     the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
-    randomness."""
+    randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations``: the
+    kernels pass their warm-up's iterations)."""
     pot = kernel.potential
     mode, rounds = find_mode(pot, start)
     inverse_mass, curvature, condition, hessian_rounds = _preconditioner(pot, mode, inverse_mass, form)
@@ -39,19 +48,73 @@ def adapt(
     generator = torch.Generator(device="cpu").manual_seed(seed)
     laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
     points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
-    stiffness, clients_per_step, stiffness_rounds = _stiffness(kernel, torch.cat([mode[None], points]), root)
+    stiffness, clients_per_step, stiffness_rounds, _ = _stiffness(
+        kernel, torch.cat([mode[None], points]), root
+    )
     rounds += hessian_rounds + stiffness_rounds
     noise = 0.0
     if kernel.measures_noise():
         noise = _noise(kernel, seed, mode, points, root)
         rounds += 1  # each client uploads its variance
-    step = kernel.step_size
+    step, pilot_iterations = kernel.step_size, 0
     if step is None:
-        step = kernel.chosen_step(adaptation.step_size(stiffness, noise, clients_per_step))
+        client_step = adaptation.step_size(stiffness, noise, clients_per_step)
+        client_step, largest, pilot_rounds, pilot_iterations = _pilot(
+            kernel, points, root, client_step, clients_per_step, generator, max_pilot_iterations
+        )
+        stiffness = max(stiffness, largest)
+        rounds += pilot_rounds
+        step = kernel.chosen_step(client_step)
     kernel.network.record_averages(rounds, shared=True)
     return adaptation.Adaptation(
-        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points
+        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations
     )
+
+
+def _pilot(kernel, points, root, step, clients_per_step, generator, max_iterations):
+    """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
+    pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost and its
+    iterations. Its iterations run on the engine of the chains (:mod:`pyro_fed.engine`), compiled as theirs
+    are when it is long."""
+    pot = kernel.potential
+    stiffness_rounds, directions = [0], [None]
+
+    def iteration(state, inputs, constants):
+        h, root = constants
+        return (adaptation.langevin_move(pot.total_gradient, state[0], inputs[0], h, root),), ()
+
+    mode = kernel.gradient_mode if pot.gradients.vectorized else "eager"
+    engine = [ChunkEngine(iteration, mode, what="the warm-up's pilot iteration")]
+    done = [0]
+
+    def move(x: torch.Tensor, noise: torch.Tensor, h: float) -> torch.Tensor:
+        started = time.perf_counter()
+        preparation = engine[0].preparation_seconds
+        (x,), _ = engine[0].run((x,), (noise,), (x.new_tensor(h), root), 0, len(noise))
+        done[0] += len(noise)
+        seconds = time.perf_counter() - started - (engine[0].preparation_seconds - preparation)
+        # as the chains' iteration: compiled once the rest, traced, would take long
+        if (
+            engine[0].mode == "auto"
+            and (max_iterations - done[0]) * seconds / len(noise) > AUTO_COMPILE_SECONDS
+        ):
+            engine[0] = ChunkEngine(iteration, "compiled", what="the warm-up's pilot iteration")
+        return x
+
+    def stiffness(x: torch.Tensor) -> float:
+        # from the last check's directions, which the particles' small moves barely change: a few power
+        # iterations, to the 1% that a step needs
+        largest, _, rounds, directions[0] = _stiffness(
+            kernel, x, root, start=directions[0], tolerance=adaptation.PILOT_TOLERANCE
+        )
+        stiffness_rounds[0] += rounds
+        return largest
+
+    step, largest, iterations = adaptation.pilot_step(
+        move, stiffness, points, step, clients_per_step, generator, max_iterations=max_iterations
+    )
+    # each pilot iteration is a round per particle: every client uploads its gradient there
+    return step, largest, iterations * len(points) + stiffness_rounds[0], iterations
 
 
 def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: str):
@@ -84,9 +147,12 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
     return inverse_mass, curvature, condition, rounds
 
 
-def _stiffness(kernel, points: torch.Tensor, root: torch.Tensor) -> tuple[float, int, int]:
+def _stiffness(
+    kernel, points: torch.Tensor, root: torch.Tensor, **options
+) -> tuple[float, int, int, torch.Tensor]:
     """The stiffness that bounds the step, the largest over ``points``; the clients per step it is for
-    (``adaptation.step_size``'s ``num_clients``); and the rounds of uploads it cost."""
+    (``adaptation.step_size``'s ``num_clients``); the rounds of uploads it cost; and the power iteration's
+    last directions (``options`` go to :func:`~pyro_fed.algorithms.adaptation.client_stiffness`)."""
     pot = kernel.potential
     if kernel.server_step or kernel.averages_every_iteration():
         # the server steps on the whole potential, or the clients' steps from their common average are one
@@ -95,13 +161,15 @@ def _stiffness(kernel, points: torch.Tensor, root: torch.Tensor) -> tuple[float,
             return pot.total_gradient(at[:, 0])[:, None]
 
         clients_per_step = 1 if kernel.server_step else pot.num_clients
-        largest, iterations = adaptation.client_stiffness(total_gradient, points, root, 1)
+        largest, iterations, vector = adaptation.client_stiffness(total_gradient, points, root, 1, **options)
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
-        return float(largest.max()) / clients_per_step, clients_per_step, iterations * len(points)
+        return float(largest.max()) / clients_per_step, clients_per_step, iterations * len(points), vector
     # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
-    largest, _ = adaptation.client_stiffness(pot.full_gradient_fn, points, root, pot.num_clients)
-    return float(largest.max()), pot.num_clients, 0
+    largest, _, vector = adaptation.client_stiffness(
+        pot.full_gradient_fn, points, root, pot.num_clients, **options
+    )
+    return float(largest.max()), pot.num_clients, 0, vector
 
 
 def _noise(kernel, seed: int, mode: torch.Tensor, points: torch.Tensor, root: torch.Tensor) -> float:
