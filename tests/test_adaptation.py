@@ -415,6 +415,12 @@ def test_the_pilot_runs_within_the_warm_up_and_checks_the_step_where_the_draws_g
     assert pilot.step_size == pytest.approx(adaptation.STEP_TARGET / pilot.stiffness)
     # every pilot iteration is a round per particle (every client uploads its gradient at 4 points)
     assert pilot.rounds >= without.rounds + 4 * pilot.pilot_iterations
+    # a kernel that averages every other iteration on average gives it half the iterations: as many upload
+    # rounds per particle as a chain's warm-up
+    kernel = FaldKernel(cubic_model, 2, comm_prob=0.5, thinning=3, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    run(kernel, (y,), num_samples=2, warmup=10)
+    assert 0 < kernel.adaptation.pilot_iterations <= 15
 
 
 def test_the_adaptation_is_counted_once_for_all_chains():

@@ -376,7 +376,8 @@ def pilot_step(
         iterations += block
         measured = stiffness(x)
         largest = max(largest, measured)
-        step = min(step, STEP_TARGET / measured)
+        if measured > 0:  # a flat potential bounds no step
+            step = min(step, STEP_TARGET / measured)
     return step, largest, iterations
 
 

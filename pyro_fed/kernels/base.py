@@ -299,9 +299,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         if self.step_size is None or isinstance(self.preconditioner, str):
             named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
             form = self.preconditioner if named else "auto"
-            self.adaptation = warmup.adapt(
-                self, start, seed, given, form, max_pilot_iterations=self._warmup_steps * self.thinning
-            )
+            # the pilot gets as many upload rounds per particle as a chain's warm-up (see upload_rate)
+            pilot = math.ceil(self._warmup_steps * self.thinning * min(1.0, self.upload_rate()))
+            self.adaptation = warmup.adapt(self, start, seed, given, form, max_pilot_iterations=pilot)
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
@@ -320,6 +320,13 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         local steps are then one Langevin step of size :math:`\\gamma / b` on :math:`U`, stable as that step
         is, whatever each client's own curvature (the warm-up takes the stiffness of :math:`U` then)."""
         return False
+
+    def upload_rate(self) -> float:
+        """The expected number of rounds per iteration in which every client uploads ``d`` floats (1 by
+        default). The warm-up's pilot run, which uploads a gradient per particle at every iteration, runs for
+        at most ``warmup_steps * thinning * upload_rate()`` iterations: as many rounds per particle as a
+        chain's warm-up, so that it never dominates the communication of a kernel that communicates rarely."""
+        return 1.0
 
     def measures_noise(self) -> bool:
         """Whether the gradient estimates are random (the warm-up then measures their noise)."""

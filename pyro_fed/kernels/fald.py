@@ -141,6 +141,9 @@ class FaldKernel(FederatedKernel):
     def averages_every_iteration(self) -> bool:
         return self.comm_prob == 1.0
 
+    def upload_rate(self) -> float:
+        return self.comm_prob
+
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
         return {"communicated": self.rng.coins(self.comm_prob, num_iterations, self.plan.num_chains)}
 

@@ -73,6 +73,9 @@ class VrFaldKernel(FaldKernel):
         coins["refreshed"] = self.rng.coins(self.refresh_prob, num_iterations, self.plan.num_chains)
         return coins
 
+    def upload_rate(self) -> float:
+        return self.comm_prob + 2 * self.refresh_prob  # see vr_fald.averages
+
     def traffic(self, coins):
         averaged = vr_fald.averages(coins["communicated"], coins["refreshed"])
         return (*self.network.averages_traffic(averaged), coins["communicated"])

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
@@ -12,7 +11,6 @@ from ..algorithms import adaptation
 from ..algorithms.rng import Randomness
 from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
-from .chunks import AUTO_COMPILE_SECONDS
 
 #: minibatches drawn per client and point to measure the gradient noise (the relative standard error of a
 #: variance from R draws is about sqrt(2 / R): 18% here)
@@ -20,6 +18,10 @@ NOISE_DRAWS = 64
 #: draws of the Laplace approximation at which the stiffness (its largest, with the mode's) and the gradient
 #: noise (averaged) are measured
 TYPICAL_POINTS = 4
+#: with ``gradient_mode="auto"``, the pilot's iteration is compiled when it plans at least this many (a
+#: compilation takes one to 20 seconds and makes an iteration several times faster; a rule on the plan, not
+#: on timings, so that the pilot, and with it the step, is the same in every run)
+PILOT_COMPILE_ITERATIONS = 5000
 
 
 def adapt(
@@ -74,8 +76,8 @@ def adapt(
 def _pilot(kernel, points, root, step, clients_per_step, generator, max_iterations):
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
     pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost and its
-    iterations. Its iterations run on the engine of the chains (:mod:`pyro_fed.engine`), compiled as theirs
-    are when it is long."""
+    iterations. Its iterations run on the engine of the chains (:mod:`pyro_fed.engine`), compiled when at
+    least ``PILOT_COMPILE_ITERATIONS`` are planned."""
     pot = kernel.potential
     stiffness_rounds, directions = [0], [None]
 
@@ -84,21 +86,15 @@ def _pilot(kernel, points, root, step, clients_per_step, generator, max_iteratio
         return (adaptation.langevin_move(pot.total_gradient, state[0], inputs[0], h, root),), ()
 
     mode = kernel.gradient_mode if pot.gradients.vectorized else "eager"
-    engine = [ChunkEngine(iteration, mode, what="the warm-up's pilot iteration")]
-    done = [0]
+    if mode == "auto":  # decided from the iterations planned, not from timings: the same choice every run
+        planned = adaptation.PILOT_CHECKS * math.ceil(
+            adaptation.PILOT_DURATION * clients_per_step / (adaptation.PILOT_CHECKS * step)
+        )
+        mode = "compiled" if min(planned, max_iterations) >= PILOT_COMPILE_ITERATIONS else "traced"
+    engine = ChunkEngine(iteration, mode, what="the warm-up's pilot iteration")
 
     def move(x: torch.Tensor, noise: torch.Tensor, h: float) -> torch.Tensor:
-        started = time.perf_counter()
-        preparation = engine[0].preparation_seconds
-        (x,), _ = engine[0].run((x,), (noise,), (x.new_tensor(h), root), 0, len(noise))
-        done[0] += len(noise)
-        seconds = time.perf_counter() - started - (engine[0].preparation_seconds - preparation)
-        # as the chains' iteration: compiled once the rest, traced, would take long
-        if (
-            engine[0].mode == "auto"
-            and (max_iterations - done[0]) * seconds / len(noise) > AUTO_COMPILE_SECONDS
-        ):
-            engine[0] = ChunkEngine(iteration, "compiled", what="the warm-up's pilot iteration")
+        (x,), _ = engine.run((x,), (noise,), (x.new_tensor(h), root), 0, len(noise))
         return x
 
     def stiffness(x: torch.Tensor) -> float:
