@@ -184,21 +184,24 @@ def test_preconditioner_floor_step_size_and_noise_formulas():
     assert adaptation.gradient_noise(at_one_point[:, None], dense_root) == pytest.approx(5.0)
 
 
+STIFF = 50.0  # the quartic pilot's curvature at its mode
+
+
 def quartic_pilot(points, step, max_iterations, seed=0):
-    """The pilot on U(x) = sum_k x_k^2 / 2 + x_k^4 / 4, whose curvature 1 + 3 x_k^2 grows away from the mode
-    (stiffness: the largest over the points and coordinates), with the iterations and step of every block
-    (the moves between two stiffness checks) recorded."""
+    """The pilot on U(x) = 50 sum_k (x_k^2 / 2 + x_k^4 / 4), whose curvature 50 (1 + 3 x_k^2) grows away from
+    the mode (stiffness: the largest over the points and coordinates), with the iterations and step of every
+    block (the moves between two stiffness checks) recorded."""
     blocks = [[0, None]]
 
     def move(x, noise, h):
         blocks[-1] = [blocks[-1][0] + len(noise), h]
         for z in noise:
-            x = adaptation.langevin_move(lambda p: p + p**3, x, z, torch.tensor(h), torch.ones(1))
+            x = adaptation.langevin_move(lambda p: STIFF * (p + p**3), x, z, torch.tensor(h), torch.ones(1))
         return x
 
     def stiffness(x):
         blocks.append([0, None])
-        return float((1 + 3 * x.square()).max())
+        return float(STIFF * (1 + 3 * x.square()).max())
 
     generator = torch.Generator().manual_seed(seed)
     result = adaptation.pilot_step(move, stiffness, points, step, 1, generator, max_iterations=max_iterations)
@@ -206,17 +209,22 @@ def quartic_pilot(points, step, max_iterations, seed=0):
 
 
 def test_the_pilot_shrinks_the_step_where_the_posterior_is_stiffer_than_at_its_start():
-    # from the mode, where the curvature is 1 (the rule's step 0.2), the particles reach |x| ~ 1 and beyond,
-    # where it is 4 and more: the step must end at rho over the largest curvature they met
+    # from the mode, where the curvature is 50 (the rule's step 0.2 / 50), the particles reach |x| ~ 0.14
+    # (the posterior's sd) and beyond, where it is 1.1 times that and more: the step must end at rho over
+    # the largest curvature they met (P(|x| < 0.19) ~ 0.8 at each of 64 checked states)
     start = torch.zeros(4, 1)
-    (step, largest, iterations), blocks = quartic_pilot(start, adaptation.STEP_TARGET, 10**6)
-    assert largest > 4 and step == pytest.approx(adaptation.STEP_TARGET / largest)
+    (step, largest, iterations), blocks = quartic_pilot(start, adaptation.STEP_TARGET / STIFF, 10**6)
+    assert largest > 1.1 * STIFF and step == pytest.approx(adaptation.STEP_TARGET / largest)
     # each block runs for a Langevin time T / checks at the step of the moment, which only shrinks
     assert len(blocks) == adaptation.PILOT_CHECKS
     steps = [h for _, h in blocks]
     assert steps == sorted(steps, reverse=True) and steps[-1] < steps[0]
     for n, h in blocks:
-        assert n == math.ceil(adaptation.PILOT_DURATION / (adaptation.PILOT_CHECKS * h))
+        assert (
+            n
+            == math.ceil(adaptation.PILOT_DURATION / (adaptation.PILOT_CHECKS * h))
+            > adaptation.PILOT_MIN_BLOCK
+        )
     assert sum(n for n, _ in blocks) == iterations
 
 
@@ -230,8 +238,13 @@ def test_the_pilot_keeps_the_step_on_a_gaussian_and_stops_at_its_iteration_budge
         move, lambda x: 1.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=50
     )
     assert (step, largest) == (0.2, 1.0)
-    # 50 iterations in 16 blocks of at most ceil(50 / 16) = 4: the budget ends the pilot
+    # a block of at least 64 iterations, cut to the budget of 50: it ends the pilot
     assert iterations == 50
+    # with the budget, blocks of 64 iterations at h = 0.2: the Langevin time T = 10 is reached in the first
+    _, _, iterations = adaptation.pilot_step(
+        move, lambda x: 1.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=10**6
+    )
+    assert iterations == adaptation.PILOT_MIN_BLOCK
     # no warm-up, no pilot
     none = adaptation.pilot_step(move, lambda x: 9.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=0)
     assert none == (0.2, 0.0, 0)

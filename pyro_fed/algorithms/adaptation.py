@@ -59,7 +59,7 @@ deviation 5%) and ``NOISE_TARGET`` :math:`\nu = 0.1` (at most 10% more variance 
 
 Last, a **pilot run** (:func:`pilot_step`) checks that step where the posterior's draws go: the typical
 points move as ``P`` particles of the unadjusted Langevin recursion on :math:`U`, at the move the samplers
-make on it, for a Langevin time of ``PILOT_DURATION`` but at most the warm-up's iterations, and the
+make on it, for a Langevin time of ``PILOT_DURATION`` but at most the warm-up's upload rounds, and the
 stiffness is measured at them ``PILOT_CHECKS`` times, the step shrunk to :math:`\rho / \lambda` whenever
 :math:`\lambda` exceeds the bound. Laplace draws, even pulled in, miss the stiffest regions of a
 far-from-Gaussian posterior: on a 3-unit network the chains reach points ten times stiffer than any of them,
@@ -88,8 +88,11 @@ CURVATURE_FLOOR = 1e-8
 DIRECTIONS_PER_PASS = 32
 #: :math:`T`: the pilot's length in the continuous time of the Langevin diffusion (see :func:`pilot_step`)
 PILOT_DURATION = 10.0
-#: the pilot's stiffness measurements (and chances to shrink the step)
+#: the pilot's stiffness measurements (and chances to shrink the step), at most
 PILOT_CHECKS = 16
+#: the pilot's iterations between two measurements, at least (a measurement costs a few Hessian-vector
+#: products at every particle, tens of gradients)
+PILOT_MIN_BLOCK = 64
 #: the relative accuracy of the pilot's stiffness measurements
 PILOT_TOLERANCE = 1e-2
 #: the pilot's iterations whose noise is drawn at once
@@ -346,34 +349,36 @@ def pilot_step(
         x \leftarrow x - h M \nabla U(x) + \sqrt{2h}\, R Z, \qquad h = \gamma / b_\gamma,
 
     the move the samplers make on :math:`U` (:math:`b_\gamma` = ``clients_per_step``: the clients' average
-    moves by :math:`\gamma / b`, a server's iterate by :math:`\gamma`), in ``PILOT_CHECKS`` blocks of
-    :math:`\lceil T / (\mathrm{checks} \cdot h) \rceil` iterations: a continuous time :math:`T` =
-    ``PILOT_DURATION`` in all (the preconditioner makes the posterior's scales about 1, and a Langevin
-    diffusion relaxes a unit scale in a time of about 1), each block at most ``max_iterations / checks``
-    iterations and all at most ``max_iterations`` (the kernels pass the warm-up's iterations: the pilot
-    explores about as far as the chains' warm-up, at ``P / C`` times its cost for ``C`` chains on full
-    batches, and ``N_i / n_i`` times more with minibatches, as its gradients are the full data's). After
-    each block the stiffness is measured at the particles (``stiffness``: points ``[P, d]`` ->
-    :math:`\max_i \lambda^i`, in the units of :func:`step_size`) and the step becomes :math:`\min(\gamma,
-    \rho / \lambda)`, so that the rest of the pilot moves as the chains will. ``generator`` (on the host)
-    draws the noise: the pilot is the same for any number of chains.
+    moves by :math:`\gamma / b`, a server's iterate by :math:`\gamma`), for a continuous time :math:`T` =
+    ``PILOT_DURATION`` (the preconditioner makes the posterior's scales about 1, and a Langevin diffusion
+    relaxes a unit scale in a time of about 1) and at most ``max_iterations`` iterations, in up to
+    ``PILOT_CHECKS`` blocks of :math:`\lceil T / (\mathrm{checks} \cdot h) \rceil` iterations, at most
+    ``max_iterations / checks``, at least ``PILOT_MIN_BLOCK``. The kernels pass the warm-up's iterations
+    times their upload rounds per iteration, so that a particle uploads no more than a chain's warm-up;
+    with full batches and a round every iteration the pilot explores as far as the chains' warm-up, at
+    ``P / C`` times its cost for ``C`` chains (``N_i / n_i`` times more with minibatches: its gradients
+    are the full data's). After each block the stiffness is measured at the particles (``stiffness``:
+    points ``[P, d]`` -> :math:`\max_i \lambda^i`, in the units of :func:`step_size`) and the step becomes
+    :math:`\min(\gamma, \rho / \lambda)`, so that the rest of the pilot moves as the chains will.
+    ``generator`` (on the host) draws the noise: the pilot is the same for any number of chains.
 
     :returns: the step, the largest stiffness measured and the iterations run.
     """
-    largest, iterations, x = 0.0, 0, points.clone()
+    largest, iterations, elapsed, x = 0.0, 0, 0.0, points.clone()
     for _ in range(PILOT_CHECKS):
         h = step / clients_per_step
+        # at least PILOT_MIN_BLOCK iterations between checks: a check costs tens of gradients
         block = min(
-            math.ceil(PILOT_DURATION / (PILOT_CHECKS * h)),
-            math.ceil(max_iterations / PILOT_CHECKS),
+            max(math.ceil(PILOT_DURATION / (PILOT_CHECKS * h)), PILOT_MIN_BLOCK),
+            max(math.ceil(max_iterations / PILOT_CHECKS), PILOT_MIN_BLOCK),
             max_iterations - iterations,
         )
-        if block <= 0:
+        if block <= 0 or elapsed >= PILOT_DURATION:
             break
         for start in range(0, block, PILOT_NOISE_CHUNK):  # the noise of many iterations per transfer
             shape = (min(PILOT_NOISE_CHUNK, block - start), *x.shape)
             x = move(x, torch.randn(shape, generator=generator, dtype=x.dtype).to(x.device), h)
-        iterations += block
+        iterations, elapsed = iterations + block, elapsed + block * h
         measured = stiffness(x)
         largest = max(largest, measured)
         if measured > 0:  # a flat potential bounds no step
