@@ -72,7 +72,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         :mod:`pyro_fed.partition`).
     :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
         from the curvature of the potential at its mode and at typical points, then checked by a pilot run
-        of at most the warm-up's iterations; see :mod:`pyro_fed.algorithms.adaptation`).
+        within the warm-up's upload rounds; see :meth:`upload_rate`, :mod:`pyro_fed.algorithms.adaptation`).
     :param preconditioner: the inverse mass of the preconditioned steps: diagonal :math:`m`,
         :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`, or dense :math:`M = R
         R^\\top`, :math:`X - \\gamma M \\hat\\nabla U + \\sqrt{2\\gamma} R Z`. ``None`` (default: adapted when

@@ -40,7 +40,7 @@ def adapt(
     number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
     the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
     randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations``: the
-    kernels pass their warm-up's iterations)."""
+    kernels pass their warm-up's upload rounds, see ``upload_rate``)."""
     pot = kernel.potential
     mode, rounds = find_mode(pot, start)
     inverse_mass, curvature, condition, hessian_rounds = _preconditioner(pot, mode, inverse_mass, form)
