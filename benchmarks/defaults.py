@@ -365,10 +365,10 @@ def main(argv=None) -> None:
     write(rows, args, list(problems))
 
 
-def other_step(model, data, select, reference, budget, step: float, **options) -> dict:
-    """The errors and ESS of the same FALD run with the given ``step`` (and kernel ``options``)."""
+def other_step(model, data, select, reference, budget, step: float) -> dict:
+    """The errors and ESS of the same FALD run with the given ``step`` (no preconditioner)."""
     pyro.set_rng_seed(2)
-    kernel = FaldKernel(model, step_size=step, thinning=budget["thinning"], **options)
+    kernel = FaldKernel(model, step_size=step, thinning=budget["thinning"])
     run, _ = timed_run(kernel, data, *budget["fald"])
     values = quantities(run, select)
     return {**compare(values, reference), "ess": ess(values), "step_size": step}
