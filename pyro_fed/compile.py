@@ -26,6 +26,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from copy import deepcopy
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -79,7 +80,10 @@ def prepare(function: Callable, example_args: Sequence[torch.Tensor], mode: str,
             import torch._inductor  # imported only when needed: it takes seconds
 
             logger.info("pyro_fed: compiling %s (once per model and shape; seconds)", what)
-            prepared, used = torch._inductor.compile(prepared, list(example_args)), "compiled"
+            # on a copy of the graph (sharing its constants): TorchInductor rewrites the graph it is given
+            # to return a list before it may fail, and the traced fallback must return what the function does
+            copy = torch.fx.GraphModule(prepared, deepcopy(prepared.graph))
+            prepared, used = torch._inductor.compile(copy, list(example_args)), "compiled"
     except Exception as error:  # a model or platform that cannot be traced/compiled keeps what works
         warnings.warn(
             f"pyro_fed could not prepare {what} in gradient_mode={mode!r} ({type(error).__name__}: "

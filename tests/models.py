@@ -41,3 +41,15 @@ def regression_data(num_data=40, dim=3, seed=0):
     x = torch.randn(num_data, dim, generator=g)
     y = x @ torch.linspace(-1.0, 1.0, dim) + 0.5 * torch.randn(num_data, generator=g)
     return x, y
+
+
+def lkj_normal(y):
+    """A multivariate normal with an LKJCholesky correlation prior: TorchInductor cannot compile its
+    potential (the correlation's transform has a data-dependent shape), so every compiled function falls
+    back."""
+    dim = y.shape[1]
+    mean = pyro.sample("mean", dist.Normal(0.0, 5.0).expand([dim]).to_event(1))
+    scales = pyro.sample("scales", dist.HalfNormal(2.0).expand([dim]).to_event(1))
+    cholesky = pyro.sample("cholesky", dist.LKJCholesky(dim, 2.0))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.MultivariateNormal(mean, scale_tril=scales[:, None] * cholesky), obs=y[idx])

@@ -8,9 +8,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_fed import FaldKernel, VrFaldKernel
+from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
 
-from .models import logistic_model, regression_data
+from .models import lkj_normal, logistic_model, regression_data
 
 X, Y = regression_data(40)
 LABELS = (Y > 0).double()
@@ -166,3 +166,38 @@ def test_auto_mode_compiles_once_the_run_is_long_enough(monkeypatch):
     assert (short_mode, long_mode) == ("auto", "compiled")
     # the same chain either way, up to the rounding of the compiled kernels (see above)
     torch.testing.assert_close(long, short, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["compiled", "auto"])
+@pytest.mark.parametrize(
+    "kernel_class, options",
+    [
+        (VrFaldKernel, {"refresh_prob": 0.3}),
+        (QlsdKernel, {"control_variate": "svrg", "snapshot_every": 5}),
+    ],
+)
+def test_a_model_that_cannot_be_compiled_runs_its_refreshes_and_snapshots_to_the_end(
+    kernel_class, options, mode, monkeypatch
+):
+    # TorchInductor rewrites a graph to return a list before failing on the LKJ model's data-dependent
+    # shapes: every fallback (the iteration, the clients' full gradients of a refresh or a snapshot) must
+    # still return what the traced function does, also after "auto" switches to compiled mid-run (forced
+    # after the first chunk here)
+    monkeypatch.setattr("pyro_fed.kernels.chunks.AUTO_COMPILE_SECONDS", 0.0)
+    y = torch.randn(30, 3, generator=torch.Generator().manual_seed(0))
+
+    def sample(gradient_mode):
+        pyro.set_rng_seed(4)
+        kernel = kernel_class(
+            lkj_normal, 3, step_size=0.01, batch_size=5, chunk_size=16, gradient_mode=gradient_mode, **options
+        )
+        mcmc = MCMC(kernel, num_samples=40, warmup_steps=10, disable_progbar=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="pyro_fed could not prepare")
+            mcmc.run(y)
+        return mcmc.get_samples()["cholesky"], kernel
+
+    draws, kernel = sample(mode)
+    assert kernel.engine().mode == "compiled"  # the switch happened ("auto") or was asked for
+    # the fallbacks run the very graphs gradient_mode="traced" runs: the same draws, bit for bit
+    torch.testing.assert_close(draws, sample("traced")[0], rtol=0, atol=0)
