@@ -9,8 +9,9 @@ The model of Welling & Teh (2011): :math:`\theta_1 \sim N(0, 10)`, :math:`\theta
 computed on a 400 × 400 grid over :math:`[-3, 4] \times [-4, 4]`.
 
 Samplers, with the paper's step sizes (given, no adaptation): :math:`\alpha_k = 0.2 / (230 + k)^{0.55}`
-(``step_size=0.2, step_offset=229, step_decay=0.55``), :math:`\beta_k = 1.01 / \lambda_{\max}(L) /
-(k + 1)^{0.04}` (``consensus_size=1.01 / lambda_max``), full local batches:
+(``step_size=0.2, schedule="decaying", step_offset=229, step_decay=0.55``),
+:math:`\beta_k = 1.01 / \lambda_{\max}(L) / (k + 1)^{0.04}` (``consensus_size=1.01 / lambda_max``), full local
+batches:
 
 - :class:`~pyro_fed.DulaKernel` with ``graph="ring"``, ``"complete"`` and ``"path"``;
 - centralized ULA, :class:`~pyro_fed.SgldKernel` with the same :math:`\alpha_k` (C-ULA in the paper).
@@ -107,7 +108,13 @@ def main(argv=None) -> None:
     samplers = [(f"D-ULA {g}", g) for g in ("ring", "complete", "path")] + [("C-ULA", None)]
     for name, graph in samplers:
         pyro.set_rng_seed(1)
-        options = {"step_size": 0.2, "step_offset": 229, "step_decay": 0.55, "gradient_mode": "traced"}
+        options = {
+            "step_size": 0.2,
+            "schedule": "decaying",
+            "step_offset": 229,
+            "step_decay": 0.55,
+            "gradient_mode": "traced",
+        }
         if graph is None:
             kernel = SgldKernel(model, **options)
         else:

@@ -73,15 +73,18 @@ def model(x, y=None):
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=Path("output/titanic"), help="output folder")
-    # FALD's draws are strongly autocorrelated (many small Langevin steps) but cheap; NUTS's are nearly
-    # independent but cost several gradient evaluations each. Hence many more FALD draws.
-    parser.add_argument("--num-samples", type=int, default=8000, help="FALD draws per chain")
+    # FALD's iterations are small Langevin steps, cheap but strongly autocorrelated: its draws are thinned
+    # automatically to about half an autocorrelation time apart, so that they are nearly independent, as
+    # NUTS's are
+    parser.add_argument("--num-samples", type=int, default=1000, help="FALD draws per chain")
     parser.add_argument("--nuts-samples", type=int, default=1000, help="NUTS draws per chain")
     parser.add_argument("--warmup", type=int, default=500, help="warm-up iterations per chain (both)")
-    parser.add_argument("--smoke", action="store_true", help="tiny run (60 warm-up + 100 draws), for tests")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny run (20 warm-up + 30 FALD, 100 NUTS draws), for tests"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
-        args.num_samples, args.nuts_samples, args.warmup = 100, 100, 60
+        args.num_samples, args.nuts_samples, args.warmup = 30, 100, 20
     return args
 
 

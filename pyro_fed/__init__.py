@@ -1,6 +1,6 @@
 """pyro_fed: federated Langevin samplers as Pyro MCMC kernels, with ArviZ output."""
 
-from . import datasets, graphs, partition, testing
+from . import convergence, datasets, graphs, partition, testing
 from .arviz import to_inference_data
 from .kernels import DulaKernel, FaldKernel, FederatedKernel, QlsdKernel, SgldKernel, VrFaldKernel
 from .potential import FederatedPotential
@@ -11,6 +11,7 @@ __all__ = [
     "FaldKernel",
     "FederatedKernel",
     "FederatedPotential",
+    "convergence",
     "datasets",
     "graphs",
     "partition",

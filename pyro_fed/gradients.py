@@ -217,30 +217,43 @@ class ClientGradients:
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
         (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``. Costs one full-data gradient per ``m``."""
-        return self._sum_over_data(self.gradient_fn, points)
+        return self._sum_over_data(torch.func.grad(self.client_potential), points)
 
     def full_potential_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local potential :math:`U^i(x_i)`: ``points [m, b, d]`` -> ``[m, b]``."""
-        return self._sum_over_data(self.potential_fn, points)
+        return self._sum_over_data(self.client_potential, points)
 
-    def _sum_over_data(self, per_block: Callable, points: torch.Tensor) -> torch.Tensor:
-        """Sum ``per_block`` (:meth:`potential_fn` or :meth:`gradient_fn`) over each client's data blocks,
-        every datum evaluated once at its client's point, with weight 1 and prior weight
-        :math:`\\varpi^i/N_i`."""
+    def _sum_over_data(self, function: Callable, points: torch.Tensor) -> torch.Tensor:
+        """Sum ``function`` (:meth:`client_potential` or its gradient) over each client's data blocks, every
+        datum evaluated once at each of its client's ``m`` points, with weight 1 and prior weight
+        :math:`\\varpi^i/N_i`. Vectorised over the blocks and, inside, over the ``m`` points, so that each
+        block's data are read from the data tensors once for all ``m`` points (an index into them, under
+        :func:`torch.func.vmap`, copies what it reads: reading them per point cost most of the time)."""
         m, b, d = points.shape
         num_blocks, block = self._block_index.shape
+        if self.vectorized:
+            over_points = torch.func.vmap(function, in_dims=(0, None, None, None))
+            per_block = torch.func.vmap(over_points)
+        else:  # one evaluation at a time (see check_vectorizable)
+
+            def per_block(block_points, *rows):
+                return torch.stack(
+                    [
+                        torch.stack([function(p, *row) for p in ps])
+                        for ps, *row in zip(block_points, *rows, strict=True)
+                    ]
+                )
+
         # chunks bound the memory of the per-block terms (a traced graph unrolls this loop)
         chunk = max(1, _CHUNK_ELEMENTS // (m * d * block))
         total = 0
         for start in range(0, num_blocks, chunk):
             clients = self._block_client[start : start + chunk]
-            c = clients.shape[0]
             terms = per_block(
-                points[:, clients].reshape(m * c, d),
-                self._block_index[start : start + chunk].repeat(m, 1),
-                self._block_weights[start : start + chunk].repeat(m, 1),
-                self._block_prior_weight[start : start + chunk].repeat(m),
-            )
-            terms = terms.reshape(m, c, *terms.shape[1:])
+                points[:, clients].transpose(0, 1),  # [c, m, d]: each block's client's m points
+                self._block_index[start : start + chunk],
+                self._block_weights[start : start + chunk],
+                self._block_prior_weight[start : start + chunk],
+            ).transpose(0, 1)  # [m, c, ...]
             total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
         return total

@@ -13,6 +13,7 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -80,6 +81,19 @@ class UnconstrainedSpace:
             batch_shape = value.shape[: value.dim() - len(site.shape)]
             parts.append(value.reshape(*batch_shape, -1))
         return torch.cat(parts, -1)
+
+    @property
+    def coordinate_names(self) -> list[str]:
+        """A name for each coordinate of the flat vector: the site's, with its index in the site's
+        unconstrained value when it has several (``"w[3]"``, ``"L[1, 0]"``)."""
+        names = []
+        for site in self.latent_sites:
+            if not site.shape:
+                names.append(site.name)
+                continue
+            for index in itertools.product(*(range(n) for n in site.shape)):
+                names.append(f"{site.name}[{', '.join(map(str, index))}]")
+        return names
 
     @property
     def transforms(self) -> dict[str, torch.distributions.Transform]:

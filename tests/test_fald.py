@@ -226,6 +226,20 @@ def test_bad_hyper_parameters(kwargs, match):
         FaldKernel(logistic_model, torch.arange(10) % 2, **kwargs)
 
 
+def test_a_batch_size_beyond_the_clients_data_is_refused_or_capped_with_a_warning():
+    x, y = regression_data(40)
+    labels = (y > 0).double()
+    clients = torch.cat([torch.zeros(30), torch.ones(10)]).long()  # 30 and 10 points
+    with pytest.raises(
+        ValueError, match="batch_size=31 is larger than every client's data .the largest client holds 30"
+    ):
+        FaldKernel(logistic_model, clients, step_size=1e-3, batch_size=31).setup(0, x, labels)
+    kernel = FaldKernel(logistic_model, clients, step_size=1e-3, batch_size=20, gradient_mode="traced")
+    with pytest.warns(UserWarning, match="batch_size=20 is larger than the data of 1 of the 2 clients"):
+        kernel.setup(0, x, labels)
+    assert kernel.minibatches.batch_sizes == [20, 10]  # the small client uses all its data
+
+
 def test_bad_clients_reported_at_setup():
     x, y = regression_data(10)
     kernel = FaldKernel(logistic_model, torch.arange(9) % 2, step_size=1e-3, gradient_mode="traced")

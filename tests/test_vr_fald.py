@@ -204,6 +204,14 @@ def test_bad_refresh_prob(value):
         VrFaldKernel(logistic_model, torch.arange(10) % 2, step_size=1e-3, refresh_prob=value)
 
 
-def test_refresh_prob_defaults_to_comm_prob():
-    kernel = VrFaldKernel(logistic_model, torch.arange(10) % 2, step_size=1e-3, comm_prob=0.3)
-    assert kernel.refresh_prob == 0.3
+@pytest.mark.parametrize("batch_size, evaluated", [(None, 40), (3, 2 * 2 * 3)])
+def test_automatic_refreshes_take_a_tenth_of_the_data_evaluations(batch_size, evaluated):
+    # q_c = 0.1 * (data evaluated per iteration) / N: full local batches evaluate each of the 40 points once,
+    # minibatches of 3 twice (at the iterate and at the reference point), for each of the 2 clients
+    x, y = regression_data(40)
+    kernel = VrFaldKernel(
+        logistic_model, torch.arange(40) % 2, step_size=1e-3, comm_prob=0.3, batch_size=batch_size
+    )
+    assert kernel.refresh_prob is None
+    kernel.setup(0, x, (y > 0).double())
+    assert kernel.current_refresh_prob == pytest.approx(0.1 * evaluated / 40)

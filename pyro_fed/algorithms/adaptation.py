@@ -44,24 +44,35 @@ never from the pooled data:
    the stationary excess variance is set by the noise where the chain spends its time. :math:`m_k V_k`
    below is the variance in the preconditioned coordinates :math:`y`.
 
-The step size (:func:`step_size`) is the largest one that keeps both discretisation errors small. On a
-Gaussian target of curvature :math:`\lambda` (in the rescaled coordinates), Langevin with step :math:`h`
-and gradient noise of variance :math:`V` has stationary variance :math:`\lambda^{-1}(1 + hV/2) / (1 -
-h\lambda/2)`. The federated samplers move the client average with :math:`h = \gamma / b` on :math:`U`, and
-client :math:`i` alone with :math:`\gamma` on :math:`U^i`; so
+The step size (:func:`step_size`) is the largest one that keeps the two discretisation errors small
+together. On a Gaussian target of curvature :math:`\lambda` (in the rescaled coordinates), Langevin with
+step :math:`h` and gradient noise of variance :math:`V` has stationary variance :math:`\lambda^{-1}(1 +
+hV/2) / (1 - h\lambda/2)`. The federated samplers move the client average with :math:`h = \gamma / b` on
+:math:`U`, and client :math:`i` alone with :math:`\gamma` on :math:`U^i`; the step is the one that makes
+that variance :math:`1 + \varepsilon` times the posterior's along the stiffest direction,
 
 .. math::
 
-    \gamma = \min\Big(\frac{\rho}{\max_i \lambda^i},\ \frac{2 b\, \nu}{\max_k m_k V_k}\Big),
+    \frac{1 + hV/2}{1 - h\lambda/2} = 1 + \varepsilon, \qquad
+    \gamma = \frac{2 \varepsilon\, b}{\max_k m_k V_k + (1 + \varepsilon)\, b \max_i \lambda^i},
 
-with ``STEP_TARGET`` :math:`\rho = 0.2` (the stiffest direction's variance about 10% too wide, its standard
-deviation 5%) and ``NOISE_TARGET`` :math:`\nu = 0.1` (at most 10% more variance from the minibatches).
+with ``VARIANCE_TARGET`` :math:`\varepsilon = 0.1`: the stiffest direction's standard deviation about 5% too
+wide, from the step and the minibatch noise together (with exact gradients :math:`\gamma \lambda =
+2\varepsilon / (1 + \varepsilon)` = ``STEP_TARGET``), every other direction less.
+
+5. The **minibatch size**, when neither it nor the step is given (:func:`choose_batch_size`): the smallest
+   whose noise takes at most ``BATCH_NOISE_SHARE`` of that budget, predicted for every size from one
+   measurement (:func:`batch_noise`); full local batches where it would evaluate more than half the data.
+   A smaller minibatch makes the noise set the step, which then falls in proportion while the iteration's
+   cost barely falls; a larger one costs more for the same step.
+6. The **thinning**, when not given (:func:`thinning_for`): half the autocorrelation time of the slowest
+   direction at the chosen step, so that draws are nearly independent, as NUTS's are.
 
 Last, a **pilot run** (:func:`pilot_step`) checks that step where the posterior's draws go: the typical
 points move as ``P`` particles of the unadjusted Langevin recursion on :math:`U`, at the move the samplers
 make on it, for a Langevin time of ``PILOT_DURATION`` but at most the warm-up's upload rounds, and the
-stiffness is measured at them ``PILOT_CHECKS`` times, the step shrunk to :math:`\rho / \lambda` whenever
-:math:`\lambda` exceeds the bound. Laplace draws, even pulled in, miss the stiffest regions of a
+stiffness is measured at them ``PILOT_CHECKS`` times, the step shrunk to the rule's for the stiffness met
+whenever it exceeds the bound. Laplace draws, even pulled in, miss the stiffest regions of a
 far-from-Gaussian posterior: on a 3-unit network the chains reach points ten times stiffer than any of them,
 and a step set at them made the posterior 15-20% too wide.
 
@@ -78,10 +89,11 @@ from typing import NamedTuple
 
 import torch
 
-#: :math:`\rho`: the product of the step and the stiffest preconditioned curvature
-STEP_TARGET = 0.2
-#: :math:`\nu`: the relative excess variance allowed from minibatch gradient noise
-NOISE_TARGET = 0.1
+#: :math:`\varepsilon`: the relative excess of the stationary variance along the stiffest direction, from the
+#: step and the gradient noise together
+VARIANCE_TARGET = 0.1
+#: the product of the step and the stiffest preconditioned curvature with exact gradients
+STEP_TARGET = 2 * VARIANCE_TARGET / (1 + VARIANCE_TARGET)
 #: curvatures below this fraction of the largest are raised to it (flat or non-convex directions)
 CURVATURE_FLOOR = 1e-8
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
@@ -102,6 +114,15 @@ TYPICAL_HALVINGS = 10
 #: largest dimension for which the dense preconditioner is considered (its iteration costs ``2 d^2`` flops
 #: per client, its set-up ``d^2`` floats from every client)
 DENSE_DIMENSIONS = 200
+#: the share of the excess variance (``VARIANCE_TARGET``) that an automatic minibatch's noise may take (see
+#: :func:`choose_batch_size`)
+BATCH_NOISE_SHARE = 0.1
+#: the minibatch size at which the noise is measured to choose one (every other size is predicted from it)
+PROBE_BATCH = 16
+#: iterations per draw chosen automatically, at most (see :func:`thinning_for`)
+MAX_THINNING = 100
+#: the share of the iterations' data evaluations that automatic refreshes or snapshots take
+REFRESH_SHARE = 0.1
 #: condition number of the diagonally preconditioned Hessian above which the dense preconditioner is chosen
 #: (a dense iteration costs up to a few times a diagonal one on cheap models: it pays once the slowest
 #: direction would relax this many times slower)
@@ -130,44 +151,21 @@ class Adaptation(NamedTuple):
     #: the iterations of the pilot run that checked the step where the posterior's draws go (see
     #: :func:`pilot_step`; 0 when the step was the user's)
     pilot_iterations: int = 0
-
-
-def find_mode(
-    potential: Callable[[torch.Tensor], torch.Tensor],
-    gradient: Callable[[torch.Tensor], torch.Tensor],
-    start: torch.Tensor,
-    *,
-    max_evaluations: int = 200,
-    tolerance: float = 1e-3,
-) -> tuple[torch.Tensor, int]:
-    """A mode of :math:`U` by L-BFGS with a strong-Wolfe line search, from ``start`` (``[d]``).
-
-    Stops when a pass of 20 evaluations lowers :math:`U` by less than ``tolerance`` (in nats: a change of
-    the log-density, meaningful whatever the parametrisation) or after ``max_evaluations``. The lowest point
-    evaluated is returned (never one where :math:`U` is not finite), with the number of evaluations.
-    """
-    x = start.detach().clone().requires_grad_(True)
-    best = [float(potential(start)), start.detach().clone()]
-    evaluations = [1]
-
-    def closure() -> torch.Tensor:
-        value = potential(x.detach())
-        x.grad = gradient(x.detach())
-        evaluations[0] += 1
-        if torch.isfinite(value) and bool(x.grad.isfinite().all()) and float(value) < best[0]:
-            best[:] = [float(value), x.detach().clone()]
-        # a non-finite value makes the line search step back
-        return value if torch.isfinite(value) else value.new_tensor(float("inf"))
-
-    optimizer = torch.optim.LBFGS(
-        [x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=0.0, tolerance_change=1e-12
-    )
-    while evaluations[0] < max_evaluations:
-        before = best[0]
-        optimizer.step(closure)
-        if not before - best[0] > tolerance or not bool(x.detach().isfinite().all()):
-            break
-    return best[1], evaluations[0]
+    #: the Langevin time the pilot covered (``PILOT_DURATION`` unless the warm-up's upload rounds cut it)
+    pilot_time: float = 0.0
+    #: the Newton decrement :math:`\sqrt{\nabla U^\top M \nabla U}` at :math:`\hat x`, :math:`M` the
+    #: Laplace approximation's covariance: its distance to the true mode in posterior sds (see
+    #: :mod:`pyro_fed.algorithms.mode`)
+    mode_decrement: float = 0.0
+    #: the minibatch size per client the iterations use (``None``: full local batches)
+    batch_size: int | float | None = None
+    #: iterations per draw (:func:`thinning_for` when automatic)
+    thinning: int = 1
+    #: the smallest curvature of the preconditioned Hessian at the mode (1 when it was not gathered: the
+    #: diagonal one's eigenvalues average 1), which sets the slowest relaxation
+    slowest: float = 1.0
+    #: each client's Hessian diagonal :math:`\partial^2_{kk} U^i` at the mode, ``[b, d]``
+    client_curvatures: torch.Tensor | None = None
 
 
 def _hvp(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
@@ -225,12 +223,19 @@ def dense_preconditioner(hessian: torch.Tensor) -> torch.Tensor:
     return (inverse_mass + inverse_mass.T) / 2  # symmetric exactly, not up to rounding
 
 
-def condition_number(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> float:
-    r""":math:`\kappa = \max |\lambda| / \min |\lambda|` over the eigenvalues of the preconditioned Hessian
-    :math:`R^\top H R` (curvatures floored as in :func:`preconditioner`)."""
+def preconditioned_curvatures(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> torch.Tensor:
+    r"""The magnitudes of the eigenvalues of the preconditioned Hessian :math:`R^\top H R`, floored as in
+    :func:`preconditioner`, ``[d]``."""
     root = square_root(inverse_mass)
     magnitude = torch.linalg.eigvalsh(whiten(root, whiten(root, hessian).T)).abs()
-    return float(magnitude.max() / magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max())).min())
+    return magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max()))
+
+
+def condition_number(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> float:
+    r""":math:`\kappa = \max |\lambda| / \min |\lambda|` over the eigenvalues of the preconditioned Hessian
+    :math:`R^\top H R` (:func:`preconditioned_curvatures`)."""
+    magnitude = preconditioned_curvatures(hessian, inverse_mass)
+    return float(magnitude.max() / magnitude.min())
 
 
 def square_root(inverse_mass: torch.Tensor) -> torch.Tensor:
@@ -280,27 +285,50 @@ def client_stiffness(
 ) -> tuple[torch.Tensor, int, torch.Tensor]:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
-    inverse mass), the number of power iterations it took (each one Hessian-vector product per client
-    and point), and the last directions (``[P, b, d]``: a ``start`` for points nearby).
+    inverse mass), the number of Lanczos iterations it took (each one Hessian-vector product per client
+    and point), and the directions of the extreme eigenvalues found (``[P, b, d]``: a ``start`` for points
+    nearby).
 
-    By power iteration, all points and clients at once, from ``start`` (``[P, b, d]``) or a fixed
-    pseudo-random start (so the result is reproducible); it stops when no Rayleigh quotient moves by more
-    than ``tolerance`` (relative) in an iteration.
+    By the Lanczos method (with full reorthogonalisation), all points and clients at once, from ``start``
+    (``[P, b, d]``) or a fixed pseudo-random start (so the result is reproducible): the extreme Ritz values
+    of the Krylov space built so far, whose largest magnitude rises to the stiffness; it stops when none
+    moves by more than ``tolerance`` (relative) in an iteration, or the space is the whole one. The
+    extreme eigenvalues of a Hessian whose spectrum is clustered (a well-conditioned posterior's) take a
+    power iteration hundreds of products and Lanczos a few.
+
+    **Reference:** Golub & Van Loan, *Matrix Computations*, 4th ed., Section 10.1.
     """
     shape = (points.shape[0], num_clients, points.shape[-1])
-    done = 0
+    dim, done = shape[-1], 0
     if start is None:
         generator = torch.Generator(device="cpu").manual_seed(0)
         start = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
-    vector = start / start.norm(dim=-1, keepdim=True)
+    basis = [start / start.norm(dim=-1, keepdim=True).clamp_min(1e-300)]
+    alphas, betas = [], []
     estimate = torch.zeros(shape[:-1], dtype=points.dtype, device=points.device)
-    while done < iterations:
+    vector = basis[0]
+    while done < min(iterations, dim):
         done += 1
-        product = whiten(root, _hvp(client_gradients, points, whiten(root, vector)))
-        previous, estimate = estimate, (vector * product).sum(-1).abs()
-        vector = product / product.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-        if bool(((estimate - previous).abs() <= tolerance * estimate).all()):
+        product = whiten(root, _hvp(client_gradients, points, whiten(root, basis[-1])))
+        alphas.append((basis[-1] * product).sum(-1))
+        stacked = torch.stack(basis, -2)  # [P, b, j, d]
+        for _ in range(2):  # Gram-Schmidt twice: orthogonal to rounding
+            product = product - ((stacked @ product[..., None]) * stacked).sum(-2)
+        norm = product.norm(dim=-1)
+        tridiagonal = torch.diag_embed(torch.stack(alphas, -1))
+        if betas:
+            off = torch.diag_embed(torch.stack(betas, -1), offset=1)
+            tridiagonal = tridiagonal + off + off.transpose(-1, -2)
+        ritz, vectors = torch.linalg.eigh(tridiagonal)
+        extreme = torch.where(ritz[..., -1:].abs() >= ritz[..., :1].abs(), vectors[..., -1], vectors[..., 0])
+        previous, estimate = estimate, ritz.abs().amax(-1)
+        vector = (extreme[..., None] * stacked).sum(-2)
+        converged = (estimate - previous).abs() <= tolerance * estimate
+        exhausted = norm <= 1e-10 * estimate.clamp_min(1e-300)  # an invariant subspace: exact
+        if done > 1 and bool((converged | exhausted).all()):
             break
+        betas.append(norm)
+        basis.append(product / norm[..., None].clamp_min(1e-300))
     return estimate, done, vector
 
 
@@ -335,7 +363,8 @@ def pilot_step(
     generator: torch.Generator,
     *,
     max_iterations: int,
-) -> tuple[float, float, int]:
+    noise: float = 0.0,
+) -> tuple[float, float, int, float]:
     r"""The step, shrunk where a pilot run finds the posterior stiffer than at the typical points.
 
     A posterior far from Gaussian (a neural network's) has regions ten times stiffer than any draw of its
@@ -359,10 +388,12 @@ def pilot_step(
     ``P / C`` times its cost for ``C`` chains (``N_i / n_i`` times more with minibatches: its gradients
     are the full data's). After each block the stiffness is measured at the particles (``stiffness``:
     points ``[P, d]`` -> :math:`\max_i \lambda^i`, in the units of :func:`step_size`) and the step becomes
-    :math:`\min(\gamma, \rho / \lambda)`, so that the rest of the pilot moves as the chains will.
+    the smaller of itself and :func:`step_size` for that stiffness and the gradient ``noise``, so that the
+    rest of the pilot moves as the chains will.
     ``generator`` (on the host) draws the noise: the pilot is the same for any number of chains.
 
-    :returns: the step, the largest stiffness measured and the iterations run.
+    :returns: the step, the largest stiffness measured, the iterations run and the Langevin time they
+        covered.
     """
     largest, iterations, elapsed, x = 0.0, 0, 0.0, points.clone()
     for _ in range(PILOT_CHECKS):
@@ -382,8 +413,8 @@ def pilot_step(
         measured = stiffness(x)
         largest = max(largest, measured)
         if measured > 0:  # a flat potential bounds no step
-            step = min(step, STEP_TARGET / measured)
-    return step, largest, iterations
+            step = min(step, step_size(measured, noise, clients_per_step))
+    return step, largest, iterations, elapsed
 
 
 def langevin_move(
@@ -401,19 +432,107 @@ def langevin_move(
     return torch.where(moved.isfinite().all(-1, keepdim=True), moved, x)
 
 
+def noise_profile(draws: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+    r"""The variance of each client's gradient estimate per coordinate in the preconditioned coordinates,
+    averaged over the points, ``[b, d]``: ``draws`` are ``R`` independent draws of every client's estimate
+    (or of its error, for control variates) at each of ``P`` points, ``[R, P, b, d]``, mapped to those
+    coordinates by ``root`` (:func:`whiten`: :math:`m_k V_k` for a diagonal inverse mass)."""
+    return whiten(root, draws).var(0).mean(0)
+
+
 def gradient_noise(draws: torch.Tensor, root: torch.Tensor) -> float:
-    r""":math:`\max_k \bar V_k` in the preconditioned coordinates: ``draws`` are ``R`` independent draws of
-    every client's gradient estimate (or of its error, for control variates) at each of ``P`` points,
-    ``[R, P, b, d]``, mapped to those coordinates by ``root`` (:func:`whiten`: :math:`m_k V_k` for a
-    diagonal inverse mass); :math:`V_k` is the variance of their sum over clients (the clients' minibatches
-    are independent) and :math:`\bar V_k` its average over the points."""
-    return float(whiten(root, draws).var(0).sum(-2).mean(0).max())
+    r""":math:`\max_k \bar V_k`, :math:`V_k` the variance of the sum over clients of their gradient estimates
+    (the clients' minibatches are independent) in the preconditioned coordinates and :math:`\bar V_k` its
+    average over the points (``draws`` and ``root`` as in :func:`noise_profile`)."""
+    return float(noise_profile(draws, root).sum(0).max())
+
+
+def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool) -> torch.Tensor:
+    r""":math:`N_i^2 (1/n_i - 1/N_i)`, :math:`n_i = \min(n, N_i)`: the factor of the variance of client
+    :math:`i`'s minibatch estimate (:math:`N_i/n_i` times a sum of :math:`n_i` of its :math:`N_i` terms,
+    drawn without replacement) over its terms' variance; ``[b]``, or summed (``[1]``) for an estimate of the
+    server's."""
+    sizes = client_sizes.double()
+    factor = sizes.square() * (1.0 / sizes.clamp(max=batch) - 1.0 / sizes)
+    return factor if per_client else factor.sum(0, keepdim=True)
+
+
+def batch_noise(
+    full: torch.Tensor, probe: torch.Tensor, client_sizes: torch.Tensor, probe_batch: int, batch: int
+) -> float:
+    r"""The gradient noise :math:`\max_k \sum_i V_{ik}(n)` (as :func:`gradient_noise`) predicted at
+    minibatch size ``batch`` from the noise profiles (:func:`noise_profile`) measured with full local batches
+    (``full``: the part no minibatch removes, compression's or participation's; zeros for exact gradients)
+    and at ``probe_batch`` (``probe``): the minibatch's part of client :math:`i`'s variance scales as
+    :math:`N_i^2 (1/n_i - 1/N_i)` (sampling without replacement), exactly in expectation. Profiles of one
+    row (a server's estimate of the sum) scale with the clients' factors summed."""
+    per_client = probe.shape[0] == client_sizes.shape[0] > 1
+    at_probe = _finite_population(client_sizes, probe_batch, per_client)
+    scale = _finite_population(client_sizes, batch, per_client) / at_probe.clamp_min(1e-300)
+    variance = full.double() + (probe.double() - full.double()).clamp_min(0) * scale[:, None]
+    return float(variance.sum(0).max())
+
+
+def choose_batch_size(
+    full: torch.Tensor,
+    probe: torch.Tensor,
+    client_sizes: torch.Tensor,
+    probe_batch: int,
+    allowed: float,
+    evaluations: int,
+) -> int | None:
+    r"""The automatic minibatch size: the smallest :math:`n` whose noise (:func:`batch_noise`) exceeds the
+    full batches' by at most ``allowed``; ``None`` (full local batches) where that :math:`n` would evaluate
+    more than half the data a full batch does (``evaluations`` terms per datum of a minibatch: 2 for control
+    variates, which evaluate each datum at two points). Smaller minibatches would make the noise, not the
+    stability, set the step (a step proportional to :math:`n` for a cost that barely falls with it, since an
+    iteration has a fixed cost); larger ones cost more for the same step."""
+    base = batch_noise(full, probe, client_sizes, probe_batch, int(client_sizes.max()))
+    low, high = 1, int(client_sizes.max())
+    while low < high:  # the noise falls as n grows
+        middle = (low + high) // 2
+        if batch_noise(full, probe, client_sizes, probe_batch, middle) <= base + allowed:
+            high = middle
+        else:
+            low = middle + 1
+    if evaluations * int(client_sizes.clamp(max=low).sum()) > int(client_sizes.sum()) / 2:
+        return None
+    return low
+
+
+def thinning_for(step: float, slowest: float) -> int:
+    r"""Iterations per draw: half the integrated autocorrelation time :math:`\tau = (2 - h\lambda)/(h\lambda)`
+    of the slowest direction (curvature :math:`\lambda` = ``slowest`` in the preconditioned coordinates,
+    moved by a step :math:`h` = ``step`` on :math:`U`; the autoregression :math:`x' = (1 - h\lambda) x +
+    \text{noise}` of a Gaussian target), at most ``MAX_THINNING``. Draws so spaced are nearly independent
+    (their own autocorrelation time is about 2) and lose almost no effective draws per iteration, as a NUTS
+    draw is about one independent draw: so ``num_samples`` keeps its meaning across models and steps."""
+    product = min(step * slowest, 1.0)
+    tau = (2.0 - product) / product
+    return int(min(max(1, math.floor(tau / 2)), MAX_THINNING))
+
+
+def refresh_probability(iteration_data: int, full_data: int) -> float:
+    r"""The probability per iteration of an event that evaluates every datum (a VR-FALD⋆ refresh, a QLSD++
+    snapshot) such that such events cost on average ``REFRESH_SHARE`` of the iterations' data evaluations
+    (``iteration_data`` per iteration, ``full_data`` per event). A control variate's noise measured at
+    points as far from their reference as two posterior draws is what it has after any number of iterations
+    past the posterior's relaxation time, so rarer events cost no accuracy there; they serve to bring the
+    reference along with a chain that travels."""
+    return min(1.0, REFRESH_SHARE * iteration_data / full_data)
 
 
 def step_size(stiffness: float, noise: float, num_clients: int) -> float:
-    r""":math:`\gamma = \min(\rho / \max_i \lambda^i,\ 2 b \nu / \max_k m_k V_k)` (see the module's
-    docstring)."""
-    gamma = STEP_TARGET / stiffness
-    if noise > 0:
-        gamma = min(gamma, 2 * num_clients * NOISE_TARGET / noise)
-    return gamma
+    r""":math:`\gamma = 2 \varepsilon b / (\max_k m_k V_k + (1 + \varepsilon) b \max_i \lambda^i)` (see the
+    module's docstring): ``stiffness`` :math:`\max_i \lambda^i`, ``noise`` :math:`\max_k m_k V_k`,
+    ``num_clients`` :math:`b` (the clients per step: 1 for a server's step)."""
+    epsilon = VARIANCE_TARGET
+    return 2 * epsilon * num_clients / (noise + (1 + epsilon) * num_clients * stiffness)
+
+
+def batch_noise_allowance(stiffness: float, num_clients: int) -> float:
+    r"""The noise :math:`V` an automatic minibatch may add: ``BATCH_NOISE_SHARE`` of the excess variance at
+    the step of exact gradients, :math:`h V / 2 \le s\, \varepsilon` with :math:`h \lambda = 2\varepsilon/(1 +
+    \varepsilon)`, i.e. :math:`V \le s (1 + \varepsilon) b \max_i \lambda^i` (the step then shrinks by
+    :math:`1 / (1 + s)`)."""
+    return BATCH_NOISE_SHARE * (1 + VARIANCE_TARGET) * num_clients * stiffness

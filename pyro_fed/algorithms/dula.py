@@ -9,12 +9,17 @@ log-likelihood and a :math:`1/n` share of the prior). All agents update at once:
     \qquad v_i \sim N(0, n I_d),
 
 with :math:`g_i(w) = \hat\nabla U_i(w_i)`, :math:`L` the graph's Laplacian (:mod:`pyro_fed.graphs`) and
-the decaying steps :math:`\alpha_k = a / (k_0 + k + 1)^{\delta_2}`, :math:`\beta_k = b / (k + 1)^{\delta_1}`.
-Since
+steps :math:`\alpha_k`, :math:`\beta_k`: constant, or the paper's decaying ones
+:math:`\alpha_k = a / (k_0 + k + 1)^{\delta_2}`, :math:`\beta_k = b / (k + 1)^{\delta_1}`. Since
 :math:`\mathbf 1^\top L = 0`, the agents' average takes an exact Langevin step on :math:`U = \sum_i U_i`,
 :math:`\bar w \leftarrow \bar w - \alpha_k \sum_i \nabla U_i(w_i) + \sqrt{2\alpha_k}\, \bar v` with
 :math:`\bar v \sim N(0, I)`, evaluated at the agents' own points; the consensus step keeps them close. The
 draw is :math:`\bar w`.
+
+The agents disagree: each receives its own noise, and with heterogeneous data each is pulled toward its own
+posterior. Their gradients, evaluated at their own points, then sum to something else than
+:math:`\nabla U(\bar w)`: :func:`consensus_step` finds the constant step at which that costs the average
+little, from each agent's curvature and gradient at the mode.
 
 Tensors carry a leading chain dimension ``C``; the noise and the iteration number are inputs of
 :func:`step`, so that the decaying steps are computed inside a compiled chunk.
@@ -32,6 +37,13 @@ from typing import NamedTuple
 import torch
 
 from .langevin import langevin_step, scale_step
+
+#: the factor by which :func:`consensus_step` shrinks a step that misses its targets, and how many times, at
+#: most
+CONSENSUS_SHRINK, CONSENSUS_SHRINKS = 0.8, 60
+#: graphs larger than this are not analysed by :func:`consensus_step` (its solves cost :math:`n^3`), nor
+#: more coordinates than this
+CONSENSUS_AGENTS, CONSENSUS_COORDINATES = 300, 64
 
 
 class DulaState(NamedTuple):
@@ -55,6 +67,71 @@ def step_sizes(
     alpha = scale_step(step_size, (step_offset + iteration + 1.0) ** -step_decay)
     beta = consensus_size / (iteration + 1.0) ** consensus_decay
     return alpha, beta
+
+
+def consensus_step(
+    step: float,
+    curvatures: torch.Tensor,
+    gradients: torch.Tensor,
+    laplacian: torch.Tensor,
+    consensus_size: float,
+    *,
+    variance_target: float,
+    mean_target: float,
+) -> float:
+    r"""The largest constant step :math:`\alpha \le` ``step`` (on the grid ``step`` :math:`\cdot\,
+    0.8^j`) at which, in every coordinate of a diagonal quadratic model of the agents, the average's
+    stationary variance is within ``variance_target`` (relative) of the posterior's and its mean within
+    ``mean_target`` posterior standard deviations of the mode.
+
+    The model: in a coordinate measured in posterior standard deviations from the mode, agent :math:`i` has
+    curvature :math:`c_i \ge 0` (its share of the Hessian's diagonal, :math:`\sum_i c_i = 1`) and gradient
+    :math:`g_i` at the mode (:math:`\sum_i g_i = 0`). D-ULA's deviations :math:`e` from the mode then
+    follow :math:`e \leftarrow A e - \alpha n g + \sqrt{2 \alpha n}\, z` with the symmetric
+    :math:`A = I - \beta L - \alpha n\, \mathrm{diag}(c)`, whose stationary law is exact: mean
+    :math:`-\alpha n (\beta L + \alpha n\, \mathrm{diag}(c))^{-1} g`, covariance :math:`2 \alpha n (I -
+    A^2)^{-1}`; the average reads :math:`\mathbf 1 / n` of them. With identical agents this is ULA's law
+    (variance :math:`1 / (1 - \alpha / 2)`, no bias): disagreement costs nothing; with heterogeneous ones
+    the bias and the variance's error grow with :math:`\alpha` over what the graph's mixing undoes.
+
+    Graphs of more than ``CONSENSUS_AGENTS`` agents are not analysed (``step`` is returned); at most the
+    ``CONSENSUS_COORDINATES`` coordinates whose agents differ most are.
+
+    :param curvatures: :math:`c`, ``[n, d]``.
+    :param gradients: :math:`g`, ``[n, d]``.
+    :param laplacian: :math:`L`, ``[n, n]``.
+    :param consensus_size: :math:`\beta`.
+    """
+    n = curvatures.shape[0]
+    if n > CONSENSUS_AGENTS:
+        return step
+    dtype = torch.float64
+    c = curvatures.T.to(dtype).clamp_min(0)  # [d, n]
+    g = gradients.T.to(dtype)
+    # the coordinates where the agents differ most (identical agents cost nothing), at most
+    # CONSENSUS_COORDINATES of them: each costs two n x n solves per step tried
+    spread = (n * c - 1).square().sum(1) + g.square().sum(1)
+    chosen = spread.argsort(descending=True)[:CONSENSUS_COORDINATES]
+    c, g = c[chosen], g[chosen, :, None]
+    mixing = consensus_size * laplacian.to(dtype)
+    eye = torch.eye(n, dtype=dtype)
+    ones = torch.ones(n, 1, dtype=dtype)
+    alpha = step
+    for _ in range(CONSENSUS_SHRINKS):
+        local = alpha * n * torch.diag_embed(c)  # [d, n, n]
+        transition = eye - mixing - local
+        factor, info = torch.linalg.cholesky_ex(eye - transition @ transition)
+        if not bool(info.any()):  # |eigenvalues of A| < 1: stationary
+            variance = (
+                2 * alpha * n * (ones.T @ torch.cholesky_solve(ones.expand(len(c), -1, -1), factor)) / n**2
+            )
+            mean = -alpha * n * (ones.T @ torch.linalg.solve(mixing + local, g)) / n
+            if bool(((variance - 1).abs() <= variance_target).all()) and bool(
+                (mean.abs() <= mean_target).all()
+            ):
+                return alpha
+        alpha *= CONSENSUS_SHRINK
+    return alpha
 
 
 def step(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 import torch
@@ -80,3 +81,27 @@ def check_batch_size(value) -> int | float | None:
         "batch_size must be a positive integer (points per client and iteration), a fraction in (0, 1) of "
         f"each client's data, or None (full local data); got {value!r}."
     )
+
+
+def check_batch_size_fits(batch_size, client_sizes: torch.Tensor) -> None:
+    """A minibatch size given as a number of points must be a minibatch for some client: larger than every
+    client's data is refused (it would be full local batches); larger than some clients' data, those clients
+    use all theirs at every iteration (exact local gradients), with a warning saying so."""
+    if not isinstance(batch_size, int):
+        return
+    largest, smallest = int(client_sizes.max()), int(client_sizes.min())
+    if batch_size > largest:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than every client's data (the largest client holds {largest} "
+            f"points): no client would draw a minibatch. Pass batch_size=None for full local batches, or at "
+            f"most {largest}."
+        )
+    capped = int((client_sizes < batch_size).sum())
+    if capped:
+        warnings.warn(
+            f"batch_size={batch_size} is larger than the data of {capped} of the {len(client_sizes)} "
+            f"clients (the smallest holds {smallest} points): those use all their data at every iteration "
+            f"(exact local gradients), the others minibatches of {batch_size}. A fraction (batch_size=0.1) "
+            "draws the same share of every client's data instead.",
+            stacklevel=4,
+        )

@@ -13,14 +13,22 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from .. import convergence
 from ..algorithms import adaptation
+from ..algorithms.mode import MODE_TOLERANCE
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
 from ..compile import check_mode, inputs_signature
 from ..minibatch import MinibatchSampler
 from ..potential import FederatedPotential
 from . import warmup
-from .arguments import check_batch_size, check_positive, check_positive_int, check_preconditioner
+from .arguments import (
+    check_batch_size,
+    check_batch_size_fits,
+    check_positive,
+    check_positive_int,
+    check_preconditioner,
+)
 from .chunks import ChunkRunner
 from .draws import DrawBuffer
 
@@ -117,7 +125,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         plate: str | None = None,
         init_strategy: Callable | None = None,
         gradient_mode: str = "auto",
-        thinning: int = 1,
+        thinning: int | None = None,
         chunk_size: int = 64,
     ):
         self.model = model
@@ -129,7 +137,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         #: user gave everything
         self.adaptation = None
         self.batch_size = check_batch_size(batch_size)
-        self.thinning = check_positive_int("thinning", thinning)
+        self.thinning = check_positive_int("thinning", thinning, "chosen with an automatic step, else 1")
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         if isinstance(prior_weights, str) and prior_weights == "server" and not self.server_step:
             raise ValueError(
@@ -149,6 +157,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         self._iterations_needed = None
         self._engine = None  # the prepared iteration (see ChunkRunner.engine)
         self._engine_inputs: list = []
+        self._convergence = None  # the end-of-run check, once computed
 
     # ------------------------------------------------------- subclass API
     #: the algorithm's state NamedTuple
@@ -228,24 +237,29 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             self._served = 0
             return
         self._warmup_steps = warmup_steps
+        self._convergence = None
         self.potential = pot = self.build_potential(*args, **kwargs)
         self._model_inputs = inputs_signature(args, kwargs)
+        check_batch_size_fits(self.batch_size, pot.client_sizes)
         num_chains = self.plan.num_chains
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
         self.rng = Randomness(seed, pot.device)
         self.network = InProcessNetwork(pot.num_clients, pot.dim, num_chains)
-        largest = int(pot.client_sizes.max())
-        batch = self.batch_size if not isinstance(self.batch_size, float) else int(self.batch_size * largest)
-        self.full_local_batches = self.batch_size is None or batch >= largest
         self._chain, self._served, self._computed = 0, 0, 0
-        self._iterations_needed = (
-            None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * self.thinning
-        )
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
         pot.check_initial_points(positions)
         inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
+        largest = int(pot.client_sizes.max())
+        batch = self.current_batch_size
+        if isinstance(batch, float):
+            batch = int(batch * largest)
+        self.full_local_batches = batch is None or batch >= largest
+        thinning = self.current_thinning
+        self._iterations_needed = (
+            None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * thinning
+        )
         if self._starts_from_laplace():
             root = adaptation.square_root(inverse_mass)
             positions = self.adaptation.mode + adaptation.whiten(
@@ -258,14 +272,14 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         # (noise, quantisation)
         per_iteration = num_chains * pot.num_clients * (2 * (batch or 0) + pot.dim)
         # a chunk holds a whole number of draws
-        draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // self.thinning)
-        self._chunk = draws_per_chunk * self.thinning
+        draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // thinning)
+        self._chunk = draws_per_chunk * thinning
         self.minibatches = (
             None
             if self.full_local_batches
             else MinibatchSampler(
                 pot.client_indices,
-                self.batch_size,
+                self.current_batch_size,
                 chunk_size=self._chunk,
                 num_chains=num_chains,
                 rng=self.rng,
@@ -280,7 +294,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
         )
         # later chains are served from the buffer only when a run will ask for them
-        self._buffer = DrawBuffer(self.thinning, keep=num_chains > 1 and self._iterations_needed is not None)
+        self._buffer = DrawBuffer(thinning, keep=num_chains > 1 and self._iterations_needed is not None)
 
     def _choose_step_and_preconditioner(self, start: torch.Tensor, seed: int) -> torch.Tensor:
         """Run the warm-up adaptation if anything is automatic (from chain 0's initial point ``start``, so
@@ -299,9 +313,12 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         if self.step_size is None or isinstance(self.preconditioner, str):
             named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
             form = self.preconditioner if named else "auto"
-            # the pilot gets as many upload rounds per particle as a chain's warm-up (see upload_rate)
-            pilot = math.ceil(self._warmup_steps * self.thinning * min(1.0, self.upload_rate()))
-            self.adaptation = warmup.adapt(self, start, seed, given, form, max_pilot_iterations=pilot)
+            # the pilot gets as many upload rounds per particle as a chain's warm-up (see upload_rate), per
+            # iteration of a draw
+            pilot = self._warmup_steps * min(1.0, self.upload_rate())
+            self.adaptation = self.finish_adaptation(
+                warmup.adapt(self, start, seed, given, form, max_pilot_iterations=pilot)
+            )
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
@@ -309,6 +326,39 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     def current_step_size(self) -> float | None:
         """The step size :math:`\\gamma` of the current run: the user's, or the one the warm-up chose."""
         return self.adaptation.step_size if self.adaptation is not None else self.step_size
+
+    @property
+    def current_batch_size(self) -> int | float | None:
+        """The minibatch size per client of the current run (``None``: full local batches): the user's, or
+        the one the warm-up chose."""
+        return self.adaptation.batch_size if self.adaptation is not None else self.batch_size
+
+    @property
+    def current_thinning(self) -> int:
+        """Iterations per draw of the current run: the user's, or the one the warm-up chose (1 with a given
+        step size and no thinning)."""
+        return self.adaptation.thinning if self.adaptation is not None else (self.thinning or 1)
+
+    def iteration_data(self) -> int:
+        """Data evaluations per iteration of the current run, summed over clients and chains' one copy: each
+        client's minibatch (or its data) times :meth:`gradient_evaluations`."""
+        sizes, batch = self.potential.client_sizes, self.current_batch_size
+        if self.full_local_batches:
+            used = sizes
+        elif isinstance(batch, float):
+            used = (batch * sizes).floor().clamp(min=1)
+        else:
+            used = sizes.clamp(max=batch)
+        return self.gradient_evaluations(not self.full_local_batches) * int(used.sum())
+
+    def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
+        """What the warm-up chose, with the kernel's own last word (D-ULA: a step its graph's mixing
+        allows); as it is by default."""
+        return chosen
+
+    def chooses_batch_size(self) -> bool:
+        """Whether the warm-up chooses the minibatch size: when neither it nor the step size is given."""
+        return self.batch_size is None and self.step_size is None
 
     def chosen_step(self, client_step: float) -> float:
         """The kernel's ``step_size`` from the adaptation's step (a client's, or the server's): the same by
@@ -328,9 +378,16 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         chain's warm-up, so that it never dominates the communication of a kernel that communicates rarely."""
         return 1.0
 
-    def measures_noise(self) -> bool:
-        """Whether the gradient estimates are random (the warm-up then measures their noise)."""
-        return not self.full_local_batches
+    def random_at_full_batch(self) -> bool:
+        """Whether the gradient estimates are random even with full local batches (compression, partial
+        participation): the warm-up then measures their noise with full batches too."""
+        return False
+
+    def gradient_evaluations(self, minibatches: bool) -> int:
+        """Evaluations of each datum of a minibatch (or of the full local data) per iteration: 1, or 2 for
+        a control variate's two points (the warm-up chooses minibatches only where they evaluate at most half
+        the data)."""
+        return 1
 
     def adaptation_noise(
         self, minibatch_gradients: Callable, mode: torch.Tensor, points: torch.Tensor
@@ -364,7 +421,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             self.potential is not None
             and self._chain + 1 < self.plan.num_chains
             and self._iterations_needed is not None
-            and self._served * self.thinning == self._iterations_needed
+            and self._served * self.current_thinning == self._iterations_needed
         )
 
     def _initial_values(self, num_chains: int) -> list[dict[str, torch.Tensor]]:
@@ -397,7 +454,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     # -------------------------------------------------------- serving the draws
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
-        if (draw + 1) * self.thinning > self._computed:
+        if (draw + 1) * self.current_thinning > self._computed:
             self._run_chunk()
         self._served += 1
         return self.potential.unconstrained_params(self._buffer.draw(draw, self._chain))
@@ -440,6 +497,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             )
         last = self._served - 1
         return {
+            "convergence": self._end_of_run_check(),
             "step size": self.current_step_size,
             "preconditioner": None
             if self.adaptation is None
@@ -450,6 +508,49 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             "downloaded bits": self._buffer.bits("downloaded", last, self._chain),
             "sample_stats": stats,
         }
+
+    def _end_of_run_check(self) -> dict | None:
+        """Once every chain's draws are computed (at the end of the first chain Pyro is served: the chains
+        run as one batch), Stan's checks on all of them (:func:`pyro_fed.convergence.check`) and the
+        warm-up's own (:meth:`warmup_problems`), with one warning naming what failed; the figures per
+        coordinate (unconstrained, named ``site[index]``) and the problems. ``None`` for a kernel driven by
+        hand."""
+        if self._iterations_needed is None or self._computed < self._iterations_needed:
+            return None
+        if self._convergence is None:
+            pot = self.potential
+            report = convergence.check(self._buffer.all_draws(self._warmup_steps), pot.space.coordinate_names)
+            problems = report.problems + self.warmup_problems()
+            if problems:
+                warnings.warn(
+                    "pyro_fed's end-of-run checks (unconstrained coordinates, all chains): "
+                    + "; ".join(problems)
+                    + f". More draws (num_samples), more iterations per draw (thinning, now "
+                    f"{self.current_thinning}) or more chains tell more; a problem that stays is the model's "
+                    "or the sampler's.",
+                    stacklevel=2,
+                )
+            self._convergence = {**report.as_dict(), "problems": problems}
+        return self._convergence
+
+    def warmup_problems(self) -> list[str]:
+        """The warm-up's own checks that were not met, each a sentence: the mode not reached (its Newton
+        decrement above ``MODE_TOLERANCE``), the pilot run cut short of its Langevin time."""
+        chosen, problems = self.adaptation, []
+        if chosen is None:
+            return problems
+        if chosen.mode_decrement > MODE_TOLERANCE:
+            problems.append(
+                f"the warm-up did not reach the mode (Newton decrement {chosen.mode_decrement:.3g} posterior "
+                f"sds, above {MODE_TOLERANCE}): the preconditioner and the step were measured elsewhere"
+            )
+        if chosen.pilot_iterations and chosen.pilot_time < adaptation.PILOT_DURATION:
+            problems.append(
+                f"the pilot run that checks the step covered a Langevin time of {chosen.pilot_time:.3g} of "
+                f"{adaptation.PILOT_DURATION:g} (the warm-up's upload rounds cut it): more warmup_steps let "
+                "it look farther"
+            )
+        return problems
 
     def logging(self) -> OrderedDict:
         """What the progress bar shows: the step size, the divergences, the averaging rounds and the bits

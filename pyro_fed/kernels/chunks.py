@@ -97,15 +97,19 @@ class ChunkRunner:
         engine = 0.0 if self._engine is None else self._engine.preparation_seconds
         return engine + (0.0 if self.potential is None else self.potential.preparation_seconds)
 
-    def _maybe_compile(self, seconds: float, num_iterations: int) -> None:
+    def _maybe_compile(self, seconds: float, event_seconds: float, num_iterations: int) -> None:
         """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
-        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long)."""
+        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long
+        without its events), and the clients' full gradients of the events (refreshes, snapshots) when
+        theirs would (``event_seconds`` in the chunk): rare events are not worth a compilation."""
         if self._engine.mode != "auto":
             return
         remaining = self._remaining_iterations()
-        if (math.inf if remaining is None else remaining) * seconds / num_iterations > AUTO_COMPILE_SECONDS:
+        ahead = (math.inf if remaining is None else remaining) / num_iterations
+        if ahead * seconds > AUTO_COMPILE_SECONDS:
             self._engine = self._new_engine("compiled")
-            self.potential.gradient_mode = "compiled"  # and the full gradients of refreshes, if any
+        if ahead * event_seconds > AUTO_COMPILE_SECONDS and self.potential.gradient_mode == "auto":
+            self.potential.gradient_mode = "compiled"
 
     def _run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain."""
@@ -115,11 +119,16 @@ class ChunkRunner:
         coins = self.draw_coins(num_iterations)
         inputs = self._draw_inputs(num_iterations, coins)
         engine, state, outputs, start = self.engine(), self._state, [], 0
-        preparation = engine.preparation_seconds
+        preparation, event_seconds = engine.preparation_seconds, 0.0
         for k in np.flatnonzero(self.event_iterations(coins)):
             state, out = engine.run(state, inputs, self._constants, start, k)
             outputs.append(out)
+            event_start, prepared = time.perf_counter(), self.potential.preparation_seconds
             after = self.event(self.state_type(*state), {n: c[k] for n, c in coins.items()})
+            # the events' own time, without tracing their functions
+            event_seconds += (
+                time.perf_counter() - event_start - (self.potential.preparation_seconds - prepared)
+            )
             state, out = engine.run(state, inputs, self._constants, k, k + 1)
             outputs.append(out)
             state, start = tuple(after(self.state_type(*state))), k + 1
@@ -133,4 +142,4 @@ class ChunkRunner:
         self._buffer.add(positions, valid, statistics, self.coin_statistics(coins), bits)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
-        self._maybe_compile(elapsed, num_iterations)
+        self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)

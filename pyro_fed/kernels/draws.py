@@ -25,6 +25,8 @@ class DrawBuffer:
         self.stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
         self.rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
         self.divergences: list[np.ndarray] = []  # per chunk: cumulative diverging draws, [draws, C]
+        #: per chunk: the draws on the host, [draws, C, d] (for the end-of-run convergence check)
+        self.history: list[np.ndarray] = []
 
     def add(
         self,
@@ -65,6 +67,7 @@ class DrawBuffer:
         if self.positions and not self.keep:
             self.positions[-1] = None
         self.positions.append(positions[t - 1 :: t])
+        self.history.append(self.positions[-1].detach().cpu().double().numpy())
 
     def _locate(self, draw: int) -> tuple[int, int]:
         return divmod(draw, self.draws_per_chunk)
@@ -73,6 +76,10 @@ class DrawBuffer:
         """Draw ``draw`` (counted from the start of warm-up) of chain ``chain``, ``[d]``."""
         chunk, row = self._locate(draw)
         return self.positions[chunk][row, chain]
+
+    def all_draws(self, start: int) -> np.ndarray:
+        """Every chain's draws from draw ``start`` on, ``[C, draws, d]`` (float64, on the host)."""
+        return np.concatenate(self.history)[start:].transpose(1, 0, 2)
 
     def sample_stats(self, chain: int, start: int, stop: int) -> dict[str, np.ndarray]:
         """The statistics of draws ``start .. stop - 1`` of chain ``chain``."""

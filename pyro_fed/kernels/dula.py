@@ -7,11 +7,15 @@ import warnings
 import numpy as np
 import torch
 
-from ..algorithms import dula
+from .. import convergence
+from ..algorithms import adaptation, dula
 from ..graphs import make_graph
 from .arguments import check_positive
 from .base import FederatedKernel
 
+#: the largest gap, in posterior sds, between the average's stationary mean and the mode that the automatic
+#: constant step allows in the agents' quadratic model (see :func:`pyro_fed.algorithms.dula.consensus_step`)
+CONSENSUS_MEAN_TARGET = 0.1
 #: the ``sample_stats`` entry of the agents' iterates (``record_agents=True``), ``[draws, n, d]`` per chain
 AGENTS = "agents"
 
@@ -22,13 +26,25 @@ class DulaKernel(FederatedKernel):
     .. math::
 
         w \leftarrow ((I - \beta_k L) \otimes I_d)\, w - \alpha_k\, n\, m \odot \hat g(w)
-        + \sqrt{2 \alpha_k m} \odot v, \quad v_i \sim N(0, n I), \quad
-        \alpha_k = \frac{a}{(k_0 + k + 1)^{\delta_2}}, \ \beta_k = \frac{b}{(k + 1)^{\delta_1}},
+        + \sqrt{2 \alpha_k m} \odot v, \quad v_i \sim N(0, n I),
 
-    (see :mod:`pyro_fed.algorithms.dula`; :math:`m` is the preconditioner). Each draw is the agents' average
-    :math:`\bar w`; ``sample_stats`` records ``consensus_error`` :math:`\frac1n \sum_i \|w_i - \bar w\|^2` and
-    the bits sent along the graph's edges (``d`` floats per directed edge and iteration, counted as uploaded
-    and as downloaded).
+    (see :mod:`pyro_fed.algorithms.dula`; :math:`m` is the preconditioner), with constant steps
+    :math:`\alpha_k = a`, :math:`\beta_k = b` (``schedule="constant"``, the default) or the paper's decaying
+    ones (``schedule="decaying"``) :math:`\alpha_k = a / (k_0 + k + 1)^{\delta_2}`,
+    :math:`\beta_k = b / (k + 1)^{\delta_1}`. Each draw is the agents' average :math:`\bar w`;
+    ``sample_stats`` records ``consensus_error`` :math:`\frac1n \sum_i \|w_i - \bar w\|^2` and the bits sent
+    along the graph's edges (``d`` floats per directed edge and iteration, counted as uploaded and as
+    downloaded).
+
+    The automatic constant step is the warm-up's (as for the other kernels: each agent's local step
+    :math:`\alpha n` stable on its own potential, checked by the pilot run), shrunk until the agents'
+    disagreement costs the average little: in a diagonal quadratic model of the agents at the mode (their
+    curvatures and gradients there, the graph's Laplacian; :func:`~pyro_fed.algorithms.dula.consensus_step`),
+    the average's stationary variance within 10% of the posterior's and its mean within a tenth of a
+    posterior standard deviation in every coordinate. Identical agents cost nothing (their disagreement
+    cancels in the average); heterogeneous ones on a slowly mixing graph (a long ring) cost a smaller step.
+    The decaying schedule makes a long run mix ever more slowly; the end of the run says so when its steps
+    covered too few relaxation times for its draws to be independent.
 
     **Reference:** Parayil, Bai, George, Gurram, *Decentralized Langevin dynamics for Bayesian learning*,
     NeurIPS 2020.
@@ -36,24 +52,28 @@ class DulaKernel(FederatedKernel):
     :param graph: ``"ring"`` (default), ``"complete"``, ``"star"``, ``"path"``, ``"erdos_renyi"``, an
         adjacency matrix ``[n, n]`` or a :class:`~pyro_fed.graphs.Graph` (validated: symmetric, no
         self-loops, connected).
-    :param float step_size: :math:`a` (default: chosen from the curvature, as for the other kernels, so that
-        the first step :math:`\alpha_0` is stable for every agent; the steps then decay from there, so a long
-        run mixes ever more slowly: ``step_offset`` :math:`k_0` slows the decay).
-    :param float step_decay: :math:`\delta_2` (default 0.55).
+    :param float step_size: :math:`a` (default: chosen, see above; with ``"decaying"`` the first step
+        :math:`\alpha_0` is the warm-up's).
+    :param str schedule: ``"constant"`` (default) or ``"decaying"`` (the paper's).
+    :param float step_decay: :math:`\delta_2` (``"decaying"`` only; default 0.55).
     :param float consensus_size: :math:`b` (default :math:`1/\lambda_{\max}(L)`).
-    :param float consensus_decay: :math:`\delta_1` (default 0.04, as in the paper's Gaussian-mixture
-        experiment: with the default :math:`\delta_2 = 0.55` it satisfies the condition below strictly).
-    :param float step_offset: :math:`k_0` (default 0).
+    :param float consensus_decay: :math:`\delta_1` (``"decaying"`` only; default 0.04, as in the paper's
+        Gaussian-mixture experiment: with :math:`\delta_2 = 0.55` it satisfies the condition below strictly).
+    :param float step_offset: :math:`k_0` (``"decaying"`` only; default 0): slows the decay.
     :param bool record_agents: also keep every agent's iterate :math:`w_i` at each draw (``n d`` numbers per
         draw): :func:`~pyro_fed.to_inference_data` puts them, constrained, in an ``agents`` group with an
         ``agent`` dimension, for per-agent summaries and R-hat (default ``False``).
 
-    The conditions of the convergence theory, :math:`1/2 + \delta_1 < \delta_2 < 1`, are checked with a
-    warning (the paper's own experiments sit on the boundary). Prior weights default to ``"uniform"``
-    (:math:`1/n` each). The other arguments are those of :class:`~pyro_fed.FederatedKernel`.
+    The conditions of the decaying schedule's convergence theory, :math:`1/2 + \delta_1 < \delta_2 < 1`, are
+    checked with a warning (the paper's own experiments sit on the boundary). Prior weights default to
+    ``"uniform"`` (:math:`1/n` each). The other arguments are those of :class:`~pyro_fed.FederatedKernel`.
     """
 
     state_type = dula.DulaState
+    #: the schedules of the steps
+    SCHEDULES = ("constant", "decaying")
+    #: the decaying schedule's defaults: (step_decay, consensus_decay, step_offset)
+    DECAYING = (0.55, 0.04, 0.0)
 
     def __init__(
         self,
@@ -61,10 +81,11 @@ class DulaKernel(FederatedKernel):
         clients=None,
         *,
         graph="ring",
-        step_decay: float = 0.55,
+        schedule: str = "constant",
+        step_decay: float | None = None,
         consensus_size: float | None = None,
-        consensus_decay: float = 0.04,
-        step_offset: float = 0.0,
+        consensus_decay: float | None = None,
+        step_offset: float | None = None,
         record_agents: bool = False,
         prior_weights="uniform",
         **kwargs,
@@ -72,15 +93,31 @@ class DulaKernel(FederatedKernel):
         super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
         self.record_agents = bool(record_agents)
         self.graph_spec = graph
+        if schedule not in self.SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}: use one of {self.SCHEDULES}.")
+        self.schedule = schedule
+        given = {"step_decay": step_decay, "consensus_decay": consensus_decay, "step_offset": step_offset}
+        if schedule == "constant" and any(v is not None for v in given.values()):
+            named = ", ".join(k for k, v in given.items() if v is not None)
+            raise ValueError(
+                f"{named}: a parameter of the decaying schedule; the steps are constant by default. Pass "
+                'schedule="decaying" to make them decay.'
+            )
+        step_decay, consensus_decay, step_offset = (
+            default if value is None else value
+            for value, default in zip(given.values(), self.DECAYING, strict=True)
+        )
         for name, value in (("step_decay", step_decay), ("consensus_decay", consensus_decay)):
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{name} must be a number in [0, 1); got {value!r}.")
-        if not 0.5 + consensus_decay < step_decay < 1 and step_decay > 0:
+        if schedule == "decaying" and not 0.5 + consensus_decay < step_decay < 1 and step_decay > 0:
             warnings.warn(
                 "D-ULA's convergence theory needs 1/2 + consensus_decay < step_decay < 1; got "
                 f"consensus_decay={consensus_decay} and step_decay={step_decay}.",
                 stacklevel=2,
             )
+        if schedule == "constant":
+            step_decay = consensus_decay = 0.0
         self.step_decay, self.consensus_decay = float(step_decay), float(consensus_decay)
         self.consensus_size = (
             None if consensus_size is None else check_positive("consensus_size", consensus_size)
@@ -89,12 +126,16 @@ class DulaKernel(FederatedKernel):
             raise ValueError(f"step_offset must be a non-negative number; got {step_offset!r}.")
         self.step_offset = float(step_offset)
 
+    def _consensus_size(self) -> float:
+        r""":math:`b`: the user's, or :math:`1 / \lambda_{\max}(L)` (0 for one agent)."""
+        if self.consensus_size is not None:
+            return self.consensus_size
+        return 1.0 / self.graph.lambda_max if self.graph.lambda_max > 0 else 0.0
+
     def init_state(self, positions):
         n = self.potential.num_clients
         self.graph = make_graph(self.graph_spec, n)
-        self._consensus = self.consensus_size
-        if self._consensus is None:
-            self._consensus = 1.0 / self.graph.lambda_max if self.graph.lambda_max > 0 else 0.0
+        self._consensus = self._consensus_size()
         return dula.init(positions, n)
 
     def draw_coins(self, num_iterations):
@@ -143,6 +184,57 @@ class DulaKernel(FederatedKernel):
         :math:`\\alpha n` on its share)."""
         return client_step / self.potential.num_clients * (self.step_offset + 1.0) ** self.step_decay
 
+    def finish_adaptation(self, chosen):
+        """With an automatic constant step: the largest at most the warm-up's at which the agents'
+        disagreement costs the average little (:func:`~pyro_fed.algorithms.dula.consensus_step`, from each
+        agent's curvature and gradient at the mode: one more round of uploads), the thinning with it."""
+        pot = self.potential
+        if self.step_size is not None or self.schedule != "constant" or pot.num_clients == 1:
+            return chosen
+        graph = make_graph(self.graph_spec, pot.num_clients)
+        self.graph = graph
+        # each coordinate in the Laplace approximation's posterior sds: its curvature shares and gradients
+        total = chosen.curvature.abs().clamp_min(
+            adaptation.CURVATURE_FLOOR * float(chosen.curvature.abs().max().clamp_min(1e-300))
+        )
+        gradients = pot.full_client_grads(chosen.mode) / total.sqrt()
+        self.network.record_averages(1, shared=True)
+        step = dula.consensus_step(
+            chosen.step_size,
+            chosen.client_curvatures / total,
+            gradients,
+            graph.laplacian,
+            self._consensus_size(),
+            variance_target=adaptation.VARIANCE_TARGET,
+            mean_target=CONSENSUS_MEAN_TARGET,
+        )
+        thinning = chosen.thinning
+        if self.thinning is None:
+            thinning = adaptation.thinning_for(step, chosen.slowest)
+        return chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + 1)
+
+    def warmup_problems(self) -> list[str]:
+        problems = super().warmup_problems()
+        if self.schedule != "decaying" or self.current_step_size is None or self._iterations_needed is None:
+            return problems
+        # the relaxation times of the slowest direction that the sampling's steps covered (in the
+        # preconditioned coordinates; its curvature 1 without a measured one): about twice the number of
+        # independent draws they can give
+        slowest = 1.0 if self.adaptation is None else self.adaptation.slowest
+        first = self._warmup_steps * self.current_thinning
+        iterations = torch.arange(first, self._iterations_needed, dtype=torch.float64)
+        factors = (self.step_offset + iterations + 1.0) ** -self.step_decay
+        covered = float(self.current_step_size * slowest * factors.sum())
+        if covered / 2 < convergence.ESS_PER_CHAIN:
+            shrunk = float(factors[-1] * (self.step_offset + 1.0) ** self.step_decay)
+            problems.append(
+                f"D-ULA's decaying steps, down to {shrunk:.2g} times the first by the last iteration, "
+                f"covered {covered:.3g} relaxation times of the slowest direction after warm-up: at most "
+                f"about {covered / 2:.3g} independent draws per chain. The chains barely move; "
+                'schedule="constant" (the default) keeps the step, a larger step_offset slows the decay'
+            )
+        return problems
+
 
 class SgldKernel(DulaKernel):
     r"""Centralized Langevin — ULA with exact gradients, SGLD with ``batch_size`` — on the pooled data:
@@ -150,23 +242,23 @@ class SgldKernel(DulaKernel):
     .. math::
 
         x \leftarrow x - \alpha_k\, m \odot \hat\nabla U(x) + \sqrt{2 \alpha_k m} \odot Z, \qquad
-        \alpha_k = a / (k_0 + k + 1)^{\delta},
+        \alpha_k = a \ \text{(``schedule="constant"``, the default)}\ \text{ or }\ a / (k_0 + k + 1)^{\delta}.
 
-    with a constant step by default (``step_decay=0``). It is D-ULA with a single agent, and the reference
-    (``b = 1``) of every federated kernel.
+    It is D-ULA with a single agent, and the reference (``b = 1``) of every federated kernel.
 
     **Reference:** Welling & Teh, *Bayesian learning via stochastic gradient Langevin dynamics*, ICML 2011.
 
     :param float step_size: :math:`a` (default: chosen from the curvature).
-    :param float step_decay: :math:`\delta \in [0, 1)` (default 0: constant step).
-    :param float step_offset: :math:`k_0`.
+    :param str schedule: ``"constant"`` (default) or ``"decaying"``.
+    :param float step_decay: :math:`\delta \in [0, 1)` (``"decaying"`` only; default 0.55).
+    :param float step_offset: :math:`k_0` (``"decaying"`` only; default 0).
     """
 
-    def __init__(self, model, *, step_decay: float = 0.0, step_offset: float = 0.0, **kwargs):
+    def __init__(self, model, **kwargs):
         if "clients" in kwargs or "graph" in kwargs:
             raise ValueError("SgldKernel is centralized: it takes no clients and no graph.")
+        if "consensus_decay" in kwargs or "consensus_size" in kwargs:
+            raise ValueError("SgldKernel has one agent: there is no consensus step to size or decay.")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # D-ULA's step-size condition does not concern one agent
-            super().__init__(
-                model, 1, graph="complete", step_decay=step_decay, step_offset=step_offset, **kwargs
-            )
+            super().__init__(model, 1, graph="complete", **kwargs)

@@ -93,12 +93,12 @@ class FaldKernel(FederatedKernel):
         preconditioner=None,
         comm_prob: float = 1.0,
         noise_corr: float = 1.0,
-        batch_size: int | None = None,
+        batch_size: int | float | None = None,
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable | None = None,
         gradient_mode: str = "auto",
-        thinning: int = 1,
+        thinning: int | None = None,
         chunk_size: int = 64,
     ):
         super().__init__(

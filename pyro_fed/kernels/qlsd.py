@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import torch
 
-from ..algorithms import qlsd
+from ..algorithms import adaptation, qlsd
+from ..algorithms.mode import MODE_TOLERANCE
 from ..communication import BITS_PER_FLOAT
 from ..compression import compressor
 from . import warmup
@@ -53,7 +57,9 @@ class QlsdKernel(FederatedKernel):
 
     :param int quantization_levels: :math:`s` (e.g. ``2**8``); ``None`` (default): no compression.
     :param str control_variate: ``None`` (default), ``"fixed_point"`` or ``"svrg"``.
-    :param int snapshot_every: :math:`l`, iterations between SVRG snapshots (required for ``"svrg"``).
+    :param int snapshot_every: :math:`l`, iterations between SVRG snapshots (``"svrg"`` only; default
+        ``None``: snapshots take a tenth of the data evaluations, :math:`l = \lceil N / (0.1 \cdot 2 \sum_i
+        n_i) \rceil`; see :func:`~pyro_fed.algorithms.adaptation.refresh_probability`).
     :param float memory_rate: :math:`\alpha \in [0, 1]`; default :math:`1/(\omega + 1)` for ``"svrg"``,
         0 (no memory) otherwise.
     :param float participation: :math:`p \in (0, 1]`, each client's probability of taking part.
@@ -103,12 +109,13 @@ class QlsdKernel(FederatedKernel):
                 f"{control_variate!r}."
             )
         self.control_variate = control_variate
-        if control_variate == "svrg" and snapshot_every is None:
+        if control_variate != "svrg" and snapshot_every is not None:
             raise ValueError(
-                'control_variate="svrg" needs snapshot_every (l, the iterations between snapshots; the QLSD '
-                "paper uses l of the order of N / batch_size)."
+                f'snapshot_every is the period of control_variate="svrg"\'s snapshots; with control_variate='
+                f'{control_variate!r} there are none: leave it out, or use control_variate="svrg".'
             )
-        self.snapshot_every = check_positive_int("snapshot_every", snapshot_every, "no snapshots")
+        self.snapshot_every = check_positive_int("snapshot_every", snapshot_every, "chosen")
+        self._snapshot_every = self.snapshot_every
         if memory_rate is not None and not 0 <= memory_rate <= 1:
             raise ValueError(f"memory_rate must be in [0, 1] or None (the default); got {memory_rate!r}.")
         self.memory_rate = memory_rate
@@ -132,6 +139,9 @@ class QlsdKernel(FederatedKernel):
         pot = self.potential
         self._memory_rate = self.current_memory_rate()
         if self.control_variate == "svrg":
+            self._snapshot_every = self.snapshot_every or math.ceil(
+                1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
+            )
             return qlsd.init(positions, pot.num_clients, self._full_gradients)
         state = qlsd.init(positions, pot.num_clients, None)
         if self.control_variate == "fixed_point":
@@ -150,9 +160,18 @@ class QlsdKernel(FederatedKernel):
             return self.fixed_point
         if self.adaptation is not None:
             return self.adaptation.mode
-        mode, evaluations = warmup.find_mode(pot, pot.initial_flat)
-        self.network.record_averages(evaluations, shared=True)
-        return mode
+        search = warmup.find_mode(pot, pot.initial_flat)
+        self.network.record_averages(search.evaluations, shared=True)
+        if not search.converged:
+            warnings.warn(
+                f"QLSD⋆'s fixed point: the search for the mode stopped after {search.evaluations} "
+                f"evaluations with a Newton decrement of {search.decrement:.3g} (by its own estimate of the "
+                f"Hessian; it stops at {MODE_TOLERANCE}): QLSD⋆'s drift is off by the gradient left there. "
+                "Give fixed_point, or leave step_size automatic (the warm-up checks the mode with the "
+                "Hessian).",
+                stacklevel=4,
+            )
+        return search.point
 
     # ------------------------------------------------------------- iteration
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
@@ -161,7 +180,7 @@ class QlsdKernel(FederatedKernel):
         if self.control_variate == "svrg":
             # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
             iteration = self._computed + np.arange(1, num_iterations + 1)
-            coins["snapshot"] = np.repeat((iteration % self.snapshot_every == 0)[:, None], chains, 1)
+            coins["snapshot"] = np.repeat((iteration % self._snapshot_every == 0)[:, None], chains, 1)
         return coins
 
     def step_inputs(self, num_iterations, coins):
@@ -218,8 +237,11 @@ class QlsdKernel(FederatedKernel):
             downloaded = downloaded + coins["snapshot"] * BITS_PER_FLOAT * pot.dim * pot.num_clients
         return uploaded, downloaded, active > 0
 
-    def measures_noise(self) -> bool:
-        return super().measures_noise() or self.compressor.random or self.participation < 1
+    def random_at_full_batch(self) -> bool:
+        return self.compressor.random or self.participation < 1
+
+    def gradient_evaluations(self, minibatches: bool) -> int:
+        return 1 if self.control_variate is None else 2  # theta and the reference point
 
     def adaptation_noise(self, minibatch_gradients, mode, points):
         # draws of the server's whole estimate g at typical points (at the mode a fixed point's estimate is

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..algorithms import vr_fald
+from ..algorithms import adaptation, vr_fald
 from . import warmup
 from .arguments import check_probability
 from .fald import FaldKernel
@@ -34,7 +34,10 @@ class VrFaldKernel(FaldKernel):
     unified theory and new algorithms*, AISTATS 2023, Section 3.
 
     :param float refresh_prob: :math:`q_c \in (0, 1]`, the probability of refreshing :math:`(Y, C)` per
-        iteration (default: ``comm_prob``).
+        iteration (default ``None``: refreshes take a tenth of the data evaluations,
+        :math:`q_c = 0.1 \cdot 2 \sum_i n_i / N` — a control variate measured as far from its reference as
+        two posterior draws loses nothing to older references; see
+        :func:`~pyro_fed.algorithms.adaptation.refresh_probability`).
 
     The other arguments are those of :class:`~pyro_fed.FaldKernel`.
     """
@@ -43,15 +46,28 @@ class VrFaldKernel(FaldKernel):
 
     def __init__(self, model, clients=None, *, refresh_prob: float | None = None, **kwargs):
         super().__init__(model, clients, **kwargs)
-        self.refresh_prob = check_probability(
-            "refresh_prob", self.comm_prob if refresh_prob is None else refresh_prob
-        )
+        self.refresh_prob = None if refresh_prob is None else check_probability("refresh_prob", refresh_prob)
+        self._refresh_prob = self.refresh_prob
+
+    @property
+    def current_refresh_prob(self) -> float | None:
+        """:math:`q_c` of the current run: the user's, or the automatic one (``None`` before set-up)."""
+        return self._refresh_prob
 
     def init_state(self, positions):
+        self._refresh_prob = self.refresh_prob
+        if self._refresh_prob is None:
+            self._refresh_prob = adaptation.refresh_probability(
+                self.iteration_data(), self.potential.num_data
+            )
         # the clients upload their full gradients at the initial point and the server broadcasts the
         # shift; counted as the two averages of a refresh, as the first draw's bits have always shown
         self.network.record_averages(2)
         return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
+
+    def gradient_evaluations(self, minibatches: bool) -> int:
+        # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
+        return 2 if minibatches else 1
 
     def adaptation_noise(self, minibatch_gradients, mode, points):
         return warmup.control_variate_error(minibatch_gradients, mode, points)
@@ -70,11 +86,12 @@ class VrFaldKernel(FaldKernel):
 
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
         coins = super().draw_coins(num_iterations)
-        coins["refreshed"] = self.rng.coins(self.refresh_prob, num_iterations, self.plan.num_chains)
+        coins["refreshed"] = self.rng.coins(self._refresh_prob, num_iterations, self.plan.num_chains)
         return coins
 
     def upload_rate(self) -> float:
-        return self.comm_prob + 2 * self.refresh_prob  # see vr_fald.averages
+        # see vr_fald.averages; automatic refreshes are rare (a tenth of the data evaluations)
+        return self.comm_prob + 2 * (self.refresh_prob or 0.0)
 
     def traffic(self, coins):
         averaged = vr_fald.averages(coins["communicated"], coins["refreshed"])

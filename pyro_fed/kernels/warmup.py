@@ -1,13 +1,17 @@
-"""The kernels' warm-up: the step size and the preconditioner chosen from the model's curvature
-(:mod:`pyro_fed.algorithms.adaptation`), with the potential's federated gradients."""
+"""The kernels' warm-up: the step size, the preconditioner, the minibatch size and the thinning chosen from
+the model's curvature and gradient noise (:mod:`pyro_fed.algorithms.adaptation`), with the potential's
+federated gradients."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
 from ..algorithms import adaptation
+from ..algorithms import mode as mode_search
+from ..algorithms.mode import MODE_TOLERANCE, ModeSearch, newton_decrement
 from ..algorithms.rng import Randomness
 from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
@@ -22,6 +26,9 @@ TYPICAL_POINTS = 4
 #: compilation takes one to 20 seconds and makes an iteration several times faster; a rule on the plan, not
 #: on timings, so that the pilot, and with it the step, is the same in every run)
 PILOT_COMPILE_ITERATIONS = 5000
+#: searches for the mode again, in the Laplace approximation's coordinates, when the Hessian shows that the
+#: first one stopped short (each costs the Hessian again)
+MODE_REFINEMENTS = 2
 
 
 def adapt(
@@ -30,20 +37,22 @@ def adapt(
     seed: int,
     inverse_mass: torch.Tensor | None = None,
     form: str = "auto",
-    max_pilot_iterations: int = 0,
+    max_pilot_iterations: float = 0,
 ) -> adaptation.Adaptation:
-    """Choose what the user left automatic in ``kernel`` (its ``step_size``, its ``preconditioner``) from
-    the curvature of its potential at the mode found from ``start`` (``[d]``); the bits the clients upload
+    """Choose what the user left automatic in ``kernel`` (its ``step_size``, ``preconditioner``,
+    ``batch_size`` and ``thinning``) from the curvature of its potential at the mode found from ``start``
+    (``[d]``) and at typical points, and from its estimator's gradient noise; the bits the clients upload
     for it are counted on ``kernel.network``, on the first chain (the choice serves every chain).
     ``inverse_mass`` is the user's, if given; otherwise one of ``form`` (``"diagonal"``, ``"dense"`` or
     ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves a condition
     number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
     the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
-    randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations``: the
-    kernels pass their warm-up's upload rounds, see ``upload_rate``)."""
+    randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations`` per iteration
+    of a draw: the kernels pass their warm-up's upload rounds, see ``upload_rate``)."""
     pot = kernel.potential
-    mode, rounds = find_mode(pot, start)
-    inverse_mass, curvature, condition, hessian_rounds = _preconditioner(pot, mode, inverse_mass, form)
+    mode, inverse_mass, curvature, clients, condition, slowest, decrement, rounds = _mode_and_preconditioner(
+        pot, start, inverse_mass, form
+    )
     root = adaptation.square_root(inverse_mass)
     # typical points of the posterior, where the chains will be: the stiffness (with the mode's) and the
     # noise are measured there; each client uploads its potential at the points (scalars, not counted)
@@ -53,31 +62,109 @@ def adapt(
     stiffness, clients_per_step, stiffness_rounds, _ = _stiffness(
         kernel, torch.cat([mode[None], points]), root
     )
-    rounds += hessian_rounds + stiffness_rounds
-    noise = 0.0
-    if kernel.measures_noise():
-        noise = _noise(kernel, seed, mode, points, root)
-        rounds += 1  # each client uploads its variance
-    step, pilot_iterations = kernel.step_size, 0
+    rounds += stiffness_rounds
+    batch, noise, noise_rounds = _batch_and_noise(
+        kernel, seed, mode, points, root, stiffness, clients_per_step
+    )
+    rounds += noise_rounds
+    step, pilot_iterations, pilot_time = kernel.step_size, 0, 0.0
+    thinning = kernel.thinning or 1
     if step is None:
         client_step = adaptation.step_size(stiffness, noise, clients_per_step)
-        client_step, largest, pilot_rounds, pilot_iterations = _pilot(
-            kernel, points, root, client_step, clients_per_step, generator, max_pilot_iterations
-        )
+        # the pilot's budget is per iteration of a draw: the thinning of the step before the pilot
+        draws = adaptation.thinning_for(client_step / clients_per_step, slowest)
+        client_step, largest, pilot_rounds, pilot_iterations, pilot_time = _pilot(
+            kernel, points, root, client_step, clients_per_step, generator,
+            math.ceil(max_pilot_iterations * (kernel.thinning or draws)), noise,
+        )  # fmt: skip
         stiffness = max(stiffness, largest)
         rounds += pilot_rounds
         step = kernel.chosen_step(client_step)
+        if kernel.thinning is None:
+            thinning = adaptation.thinning_for(client_step / clients_per_step, slowest)
     kernel.network.record_averages(rounds, shared=True)
     return adaptation.Adaptation(
-        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations
+        step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations,
+        pilot_time, decrement, batch, thinning, slowest, clients,
+    )  # fmt: skip
+
+
+def _mode_and_preconditioner(pot, start: torch.Tensor, given: torch.Tensor | None, form: str):
+    """The mode (by L-BFGS from ``start``, then checked with the Hessian there: refined in the coordinates
+    that the Laplace approximation whitens while its Newton decrement exceeds ``MODE_TOLERANCE``, at most
+    ``MODE_REFINEMENTS`` times, and reported with a warning if it still does), the inverse mass, the
+    Hessian diagonal and each client's, the condition number, the slowest curvature, the decrement and the
+    rounds of uploads."""
+    search = find_mode(pot, start)
+    rounds = search.evaluations
+    for refinement in range(MODE_REFINEMENTS + 1):
+        inverse_mass, curvature, clients, condition, slowest, laplace, hessian_rounds = _preconditioner(
+            pot, search.point, given, form
+        )
+        rounds += hessian_rounds
+        decrement = newton_decrement(search.gradient, laplace)
+        if decrement <= MODE_TOLERANCE or refinement == MODE_REFINEMENTS:
+            break
+        search = find_mode(pot, search.point, inverse_hessian=laplace)
+        rounds += search.evaluations
+    if decrement > MODE_TOLERANCE:
+        warnings.warn(
+            f"pyro_fed's warm-up did not reach the mode of the potential: after {rounds} rounds its gradient "
+            f"there is {decrement:.3g} posterior standard deviations from stationary (the Newton decrement "
+            f"with the Laplace approximation's covariance; the search stops at {MODE_TOLERANCE}). The "
+            "preconditioner, the step and the chains' starts were measured there. A posterior with many "
+            "modes or none (a flat or improper direction) does this: check the model, or give step_size and "
+            "initial_params.",
+            stacklevel=5,
+        )
+    return search.point, inverse_mass, curvature, clients, condition, slowest, decrement, rounds
+
+
+def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients_per_step: int):
+    """The minibatch size (the user's, or chosen: :func:`~pyro_fed.algorithms.adaptation.choose_batch_size`
+    at the step the ``stiffness`` allows), the gradient noise of the kernel's estimator with it (0 for exact
+    gradients) and the rounds of uploads the measurements cost (each client uploads its variances)."""
+    pot = kernel.potential
+    if not kernel.chooses_batch_size():
+        batch = kernel.batch_size
+        if batch is None and not kernel.random_at_full_batch():
+            return None, 0.0, 0
+        profile = _noise_profile(kernel, seed, mode, points, root, batch)
+        return batch, float(profile.sum(0).max()), 1
+    sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.client_sizes.max()))
+    full = None
+    if kernel.random_at_full_batch():
+        full = _noise_profile(kernel, seed, mode, points, root, None)
+    probed = _noise_profile(kernel, seed, mode, points, root, probe)
+    full = torch.zeros_like(probed) if full is None else full
+    allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
+    batch = adaptation.choose_batch_size(
+        full, probed, sizes, probe, allowed, kernel.gradient_evaluations(minibatches=True)
     )
+    noise = adaptation.batch_noise(full, probed, sizes, probe, batch or int(sizes.max()))
+    return batch, noise, 1 + (kernel.random_at_full_batch() or 0)
 
 
-def _pilot(kernel, points, root, step, clients_per_step, generator, max_iterations):
+def _noise_profile(kernel, seed, mode, points, root, batch) -> torch.Tensor:
+    """The noise profile (:func:`~pyro_fed.algorithms.adaptation.noise_profile`) of the kernel's estimate
+    at the typical ``points`` with minibatches of ``batch`` (``None``: full local batches), from its
+    ``adaptation_noise``."""
+    pot = kernel.potential
+    draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed, batch), mode, points)
+    if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
+        raise ValueError(
+            f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
+            f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
+            f"b clients, or 1 for a server's estimate, d = {pot.dim})."
+        )
+    return adaptation.noise_profile(draws, root)
+
+
+def _pilot(kernel, points, root, step, clients_per_step, generator, max_iterations, noise):
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
-    pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost and its
-    iterations. Its iterations run on the engine of the chains (:mod:`pyro_fed.engine`), compiled when at
-    least ``PILOT_COMPILE_ITERATIONS`` are planned."""
+    pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost, its iterations
+    and the Langevin time they covered. Its iterations run on the engine of the chains
+    (:mod:`pyro_fed.engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
     pot = kernel.potential
     stiffness_rounds, directions = [0], [None]
 
@@ -106,20 +193,22 @@ def _pilot(kernel, points, root, step, clients_per_step, generator, max_iteratio
         stiffness_rounds[0] += rounds
         return largest
 
-    step, largest, iterations = adaptation.pilot_step(
-        move, stiffness, points, step, clients_per_step, generator, max_iterations=max_iterations
+    step, largest, iterations, elapsed = adaptation.pilot_step(
+        move, stiffness, points, step, clients_per_step, generator, max_iterations=max_iterations, noise=noise
     )
     # each pilot iteration is a round per particle: every client uploads its gradient there
-    return step, largest, iterations * len(points) + stiffness_rounds[0], iterations
+    return step, largest, iterations * len(points) + stiffness_rounds[0], iterations, elapsed
 
 
 def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: str):
     """The inverse mass (the user's ``given`` one, or one of ``form`` from the clients' Hessians at the
-    mode), the Hessian diagonal of :math:`U`, the condition number the diagonal form leaves (``nan`` when the
-    Hessian is not gathered) and the rounds of uploads it cost."""
-    gather = given is None and (
-        form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
-    )
+    mode), the Hessian diagonal of :math:`U` and each client's, the condition number the diagonal form
+    leaves (``nan`` when the Hessian is not gathered), the slowest preconditioned curvature (the smallest
+    eigenvalue of :math:`R^\top H R` when the Hessian is gathered, else the smallest diagonal entry, which
+    bounds it from above), the
+    Laplace approximation's covariance (dense when gathered, else its diagonal: the metric of the mode's
+    Newton decrement) and the rounds of uploads it cost."""
+    gather = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
     diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, pot.num_clients, total=gather)
     # each client uploads its Hessian (d^2 floats; the server sends the dense preconditioner back), or its
     # diagonal
@@ -133,14 +222,18 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
         prior_diagonal, prior_hessian = adaptation.client_hessians(prior_gradient, mode, 1, total=gather)
         curvature = curvature + prior_diagonal[0]
         hessian = None if hessian is None else hessian + prior_hessian
-    if given is not None:
-        return given, curvature, float("nan"), rounds
-    inverse_mass, condition = adaptation.preconditioner(curvature), float("nan")
+    diagonal = adaptation.preconditioner(curvature)
+    laplace = diagonal if hessian is None else adaptation.dense_preconditioner(hessian)
+    inverse_mass, condition = diagonal if given is None else given, float("nan")
     if hessian is not None:
-        condition = adaptation.condition_number(hessian, inverse_mass)
-        if form == "dense" or condition > adaptation.DENSE_CONDITION:
-            inverse_mass = adaptation.dense_preconditioner(hessian)
-    return inverse_mass, curvature, condition, rounds
+        condition = adaptation.condition_number(hessian, diagonal)
+        if given is None and (form == "dense" or condition > adaptation.DENSE_CONDITION):
+            inverse_mass = laplace
+        slowest = float(adaptation.preconditioned_curvatures(hessian, inverse_mass).min())
+    else:
+        marginal = inverse_mass if inverse_mass.dim() == 1 else inverse_mass.diagonal()
+        slowest = float((marginal * curvature.abs()).min())
+    return inverse_mass, curvature, diagonals, condition, slowest, laplace, rounds
 
 
 def _stiffness(
@@ -191,28 +284,28 @@ def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch
     return both[:, :-1] - both[:, -1:]
 
 
-def find_mode(pot, start: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The mode of the potential ``pot`` by L-BFGS from ``start`` (see
-    :func:`~pyro_fed.algorithms.adaptation.find_mode`), and the number of evaluations (rounds of uploads of
-    every client's gradient and potential)."""
+def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:
+    """The mode of the potential ``pot`` by L-BFGS from ``start`` (:func:`~pyro_fed.algorithms.mode.
+    find_mode`: each evaluation is a round of uploads of every client's gradient and potential)."""
 
     def gradient(x: torch.Tensor) -> torch.Tensor:
         return pot.full_client_grads(x).sum(0) + pot.server_prior(x[None], gradient=True)[0]
 
-    return adaptation.find_mode(pot.potential, gradient, start)
+    return mode_search.find_mode(pot.potential, gradient, start, **options)
 
 
-def _minibatch_gradients(kernel, seed: int):
+def _minibatch_gradients(kernel, seed: int, batch: int | float | None):
     """``points [P, d] -> [R, P, b, d]``: every client's minibatch gradient at each point, on ``R`` fresh
-    minibatches (the same minibatch at the ``P`` points)."""
+    minibatches of ``batch`` points (the same minibatch at the ``P`` points); ``None``: the full local
+    gradients, the same for every ``R``."""
     pot = kernel.potential
-    if kernel.full_local_batches:
+    if batch is None:
         return lambda points: pot.full_client_grads(
             points[:, None, :].expand(-1, pot.num_clients, -1)
         ).expand(NOISE_DRAWS, -1, -1, -1)
     sampler = MinibatchSampler(
         pot.client_indices,
-        kernel.batch_size,
+        batch,
         chunk_size=NOISE_DRAWS,
         num_chains=1,
         rng=Randomness(seed, pot.device),
