@@ -13,9 +13,10 @@ import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel, testing
 from pyro_fed.algorithms import adaptation, dula
 from pyro_fed.graphs import make_graph
+from pyro_fed.kernels import dula as dula_kernels
 from pyro_fed.testing import batch_means_standard_error, regression_clients
 
-from .models import gaussian_regression, regression_data, scaled_regression
+from .models import gaussian_regression, logistic_model, regression_data, scaled_regression
 from .test_adaptation import NOISE_SD, anisotropic_problem, run
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
@@ -238,3 +239,25 @@ def test_decaying_steps_that_freeze_the_chains_say_so():
         run(kernel, (x, y), num_samples=100, warmup=100)
     problems = kernel.diagnostics()["convergence"]["problems"]
     assert any(p.startswith("D-ULA's decaying steps") for p in problems)
+
+
+def test_the_agents_disagreement_on_a_curved_posterior_shrinks_the_step():
+    # a logistic regression over 20 agents on a ring: each agent sits sqrt(2 alpha n) posterior sds from the
+    # average, where the gradients of a curved potential no longer sum to the gradient at the average. The
+    # quadratic model sees nothing (i.i.d. agents); the drift measured with the real gradients makes the step
+    # smaller, to where it is within its target, and no smaller than needed (twice the step misses it)
+    x, y = regression_data(2000, dim=2, seed=3)
+    pyro.set_rng_seed(0)
+    kernel = DulaKernel(logistic_model, 20, gradient_mode="traced")
+    run(kernel, (x, (y > 0).double()), num_samples=10, warmup=0)
+    chosen = kernel.adaptation
+    ula = adaptation.STEP_TARGET / chosen.stiffness / 20  # the average's step with exact gradients
+    assert kernel.current_step_size < ula / 4
+    drift = kernel._disagreement_drift
+    assert drift(chosen, kernel.current_step_size) <= dula_kernels.CONSENSUS_MEAN_TARGET
+    assert drift(chosen, 3 * kernel.current_step_size) > dula_kernels.CONSENSUS_MEAN_TARGET
+    # on a Gaussian target the antithetic draws cancel exactly: no drift at any step
+    x, y, clients, _ = heterogeneous_ring()
+    gaussian = DulaKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
+    run(gaussian, (x, y), num_samples=10, warmup=0)
+    assert gaussian._disagreement_drift(gaussian.adaptation, 10 * gaussian.current_step_size) < 1e-6

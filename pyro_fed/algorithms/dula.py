@@ -134,6 +134,31 @@ def consensus_step(
     return alpha
 
 
+def disagreement(
+    laplacian: torch.Tensor,
+    consensus_size: float,
+    step: float,
+    dim: int,
+    num_draws: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    r"""``num_draws`` draws ``[R, n, d]`` of the agents' stationary disagreement :math:`e_i = w_i - \bar w`
+    driven by their own noises, in the preconditioned coordinates where the posterior's scales are 1.
+
+    Each agent steps :math:`\alpha n` on its share :math:`U_i \approx U / n` with noise :math:`\sqrt{2 \alpha
+    n}\, z_i`, so in the graph's eigenbasis :math:`(\lambda_k, u_k)` the disagreement mode :math:`k \ge 2`
+    follows :math:`\xi_k \leftarrow (1 - \beta \lambda_k - \alpha)\, \xi_k + \sqrt{2 \alpha n}\, z`: a
+    Gaussian of variance :math:`2 \alpha n / (1 - \rho_k^2)`, :math:`\rho_k = 1 - \beta\lambda_k - \alpha`,
+    and :math:`e = \sum_{k \ge 2} u_k \xi_k`. Each agent is about :math:`\sqrt{2 \alpha n}` posterior sds from
+    the average even on a complete graph: its noise is the one the average needs, times :math:`\sqrt n`.
+    """
+    eigenvalues, vectors = torch.linalg.eigh(laplacian.to(torch.float64))
+    rho = 1.0 - consensus_size * eigenvalues[1:] - step
+    variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
+    modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64)
+    return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
+
+
 def step(
     state: DulaState,
     gradients: Callable[[torch.Tensor], torch.Tensor],
