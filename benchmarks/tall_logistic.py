@@ -251,10 +251,19 @@ def numpyro_timed(x, y, args, reference: dict) -> dict | None:
     draws = draws[None].astype(np.float64)
     ess = float(ess_bulk(draws).min())
     print(f"NumPyro NUTS: {wall:.1f} s, min bulk ESS {ess:.0f}, ESS/s {ess / wall:.3g}", flush=True)
+    settings = f"{warmup} warm-up + {samples} draws, JIT included, numpyro {numpyro.__version__}"
+    return nuts_row(
+        "NumPyro NUTS (pooled data)", "NumPyro NUTS", settings, draws, wall, start_load, reference
+    )
+
+
+def nuts_row(name, kernel, settings, draws, wall, start_load, reference, **extra) -> dict:
+    """A row of a NUTS run on the pooled data (one chain, nothing to prepare)."""
+    ess = float(ess_bulk(draws).min())
     return {
-        "name": "NumPyro NUTS (pooled data)",
-        "kernel": "NumPyro NUTS",
-        "settings": f"{warmup} warm-up + {samples} draws, JIT included, numpyro {numpyro.__version__}",
+        "name": name,
+        "kernel": kernel,
+        "settings": settings,
         "chains": 1,
         "wall_s": wall,
         "prep_s": 0.0,
@@ -264,6 +273,7 @@ def numpyro_timed(x, y, args, reference: dict) -> dict | None:
         "load": start_load,
         "mc_scale": mc_scale(ess, reference),
         "predicted_sd_ratio": 1.0,
+        **extra,
         **accuracy(draws, reference),
     }
 
@@ -271,24 +281,12 @@ def numpyro_timed(x, y, args, reference: dict) -> dict | None:
 def nuts_timed(x, y, args, reference: dict) -> dict:
     """NUTS of ordinary length, timed: its row of the table."""
     mcmc, wall, start_load = run_nuts(x, y, args.nuts_warmup, args.nuts_samples, args.seed, args.device)
-    draws = draws_by_chain(mcmc)
-    ess = float(ess_bulk(draws).min())
-    row = {
-        "name": "NUTS (pooled data)",
-        "kernel": "NUTS",
-        "settings": f"{args.nuts_warmup} warm-up + {args.nuts_samples} draws, adapted diagonal mass",
-        "chains": 1,
-        "wall_s": wall,
-        "prep_s": 0.0,
-        "min_ess_bulk": ess,
-        "ess_per_s": ess / wall,
-        "ess_per_s_excl_prep": ess / wall,
-        "step_size": float(mcmc.kernel.step_size),
-        "load": start_load,
-        "mc_scale": mc_scale(ess, reference),
-        "predicted_sd_ratio": 1.0,
-        **accuracy(draws, reference),
-    }
+    settings = f"{args.nuts_warmup} warm-up + {args.nuts_samples} draws, adapted diagonal mass"
+    row = nuts_row(
+        "NUTS (pooled data)", "NUTS", settings, draws_by_chain(mcmc), wall, start_load, reference,
+        step_size=float(mcmc.kernel.step_size),
+    )  # fmt: skip
+    ess = row["min_ess_bulk"]
     print(f"NUTS: {wall:.1f} s, min bulk ESS {ess:.0f}, ESS/s {row['ess_per_s']:.3g}", flush=True)
     return row
 
@@ -695,8 +693,8 @@ def write(args, rows, reference, verdict, lipschitz, smallest, w_true, total) ->
         "minibatch noise (see the script's docstring); at the defaults, the automatic step's design "
         "(sqrt(1.1)). The hand-tuned kernels run with `gradient_mode='compiled'`, `chunk_size=200`, "
         "`noise_corr=1`, the default prior weights, init at the prior median (w = 0); the **defaults** rows "
-        "are `Kernel(model, clients)` with nothing else (QLSD++: `control_variate='svrg'`; SGLD: the pooled "
-        "data), their choices listed. `load` = 1-minute load average at the start of the run.",
+        "are `Kernel(model, clients)` with nothing else (QLSD++: `control_variate='svrg'`), their choices "
+        "listed. `load` = 1-minute load average at the start of the run.",
         "",
         *table,
         "",

@@ -261,19 +261,6 @@ def _stiffness(
     return float(largest.max()), pot.num_clients, 0, vector
 
 
-def _noise(kernel, seed: int, mode: torch.Tensor, points: torch.Tensor, root: torch.Tensor) -> float:
-    """The gradient noise of the kernel's estimate at the typical ``points`` (its ``adaptation_noise``)."""
-    pot = kernel.potential
-    draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed), mode, points)
-    if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
-        raise ValueError(
-            f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
-            f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
-            f"b clients, or 1 for a server's estimate, d = {pot.dim})."
-        )
-    return adaptation.gradient_noise(draws, root)
-
-
 def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     """``[R, P, b, d]`` draws of a control variate's error: the same minibatch at a point and at the reference
     point (the mode), at ``P`` points as far from it as two independent posterior draws are from each other
