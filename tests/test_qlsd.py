@@ -256,3 +256,22 @@ def test_prior_on_the_server_needs_a_server():
         FaldKernel(gaussian_regression(NOISE_SD), prior_weights="server")
     with pytest.raises(ValueError, match="leave prior_weights out"):
         QlsdKernel(gaussian_regression(NOISE_SD), prior_on_server=True, prior_weights="uniform")
+
+
+def test_svrg_with_full_local_batches_is_the_exact_gradient_without_snapshots():
+    # H^i = grad U^i(theta) - grad U^i(zeta) + grad U^i(zeta) = grad U^i(theta): QLSD++ with full local
+    # batches evaluates theta alone and takes no snapshot, and its chain is QLSD's with the same memory rate
+    x, y, clients, _ = anisotropic_problem()
+    options = dict(quantization_levels=2**4, step_size=1e-3, batch_size="full", gradient_mode="traced")
+    rate = 1 / (StochasticQuantizer(16).omega(3) + 1)
+
+    def draws(**control):
+        pyro.set_rng_seed(5)
+        kernel = QlsdKernel(gaussian_regression(NOISE_SD), clients, **options, **control)
+        return run(kernel, (x, y), num_samples=50, warmup=0).get_samples()["w"], kernel
+
+    svrg, kernel = draws(control_variate="svrg")
+    assert kernel._snapshot_every is None and "snapshot" not in kernel.sample_stats()
+    assert kernel.gradient_evaluations(minibatches=False) == 1
+    plain, _ = draws(memory_rate=rate)
+    torch.testing.assert_close(svrg, plain, rtol=0, atol=1e-12)

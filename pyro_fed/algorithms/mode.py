@@ -36,6 +36,12 @@ import torch
 #: :math:`\lambda` at which the search stops: the point is within a tenth of a posterior standard deviation
 #: of the mode (on a Gaussian posterior; summed over all directions)
 MODE_TOLERANCE = 0.1
+#: the decrement above which the warm-up reports that it did not reach the mode: the curvature it measures
+#: there (the preconditioner), the typical points around it and the chains' starts are then more than a
+#: posterior standard deviation off in some direction (below that, the point serves as well as the mode: a
+#: posterior draw is :math:`\sqrt d` away). QLSD⋆'s fixed point needs ``MODE_TOLERANCE`` itself: its drift is
+#: off by the gradient left there
+MODE_WARNING = 1.0
 #: evaluations of :math:`U` and :math:`\nabla U` a search may take (reaching it is reported, never silent)
 MODE_EVALUATIONS = 1000
 #: pairs of steps and gradient changes that L-BFGS keeps

@@ -71,11 +71,15 @@ def position(state: QlsdState) -> torch.Tensor:
     return state.server
 
 
-def estimates(state: QlsdState, gradients: Callable, control_variate: str | None, network) -> torch.Tensor:
-    """The clients' estimates :math:`H^i` of :math:`\\nabla U^i(\\theta)`, ``[C, b, d]``."""
+def estimates(
+    state: QlsdState, gradients: Callable, control_variate: str | None, network, exact_gradients: bool = False
+) -> torch.Tensor:
+    """The clients' estimates :math:`H^i` of :math:`\\nabla U^i(\\theta)`, ``[C, b, d]``. With
+    ``exact_gradients`` (full local batches) the SVRG estimate is :math:`\\nabla U^i(\\theta) - \\nabla
+    U^i(\\zeta) + \\nabla U^i(\\zeta) = \\nabla U^i(\\theta)`: one evaluation, not two."""
     b = state.memory.shape[-2]
     server = network.broadcast(state.server, b)
-    if control_variate is None:
+    if control_variate is None or (control_variate == "svrg" and exact_gradients):
         return gradients(server)
     both = gradients(torch.stack([server, network.broadcast(state.reference, b)]))
     return both[0] - both[1] + state.reference_grads
@@ -94,6 +98,7 @@ def step(
     memory_rate: float,
     control_variate: str | None,
     server_gradient: torch.Tensor | None = None,
+    exact_gradients: bool = False,
 ) -> QlsdState:
     """One QLSD iteration.
 
@@ -106,9 +111,10 @@ def step(
     :param float memory_rate: :math:`\\alpha`.
     :param control_variate: ``None``, ``"fixed_point"`` or ``"svrg"``.
     :param server_gradient: :math:`\\nabla U^0(\\theta)`, ``[C, d]``, when the server holds the prior.
+    :param bool exact_gradients: the minibatches are the clients' full data (see :func:`estimates`).
     """
     uploads = compressor.compress(
-        estimates(state, gradients, control_variate, network) - state.memory, uniforms
+        estimates(state, gradients, control_variate, network, exact_gradients) - state.memory, uniforms
     )
     uploads = torch.where(active[..., None], uploads, torch.zeros_like(uploads))
     estimate = aggregate(uploads, active, state.memory)

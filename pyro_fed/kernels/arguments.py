@@ -71,15 +71,18 @@ def check_preconditioner(value):
     )
 
 
-def check_batch_size(value) -> int | float | None:
-    """``None`` (full local data), a positive integer, or a fraction in ``(0, 1)``."""
-    if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
-        return None if value is None else int(value)
+def check_batch_size(value) -> int | float | str | None:
+    """``None`` (automatic), ``"full"`` (full local data), a positive integer, or a fraction in ``(0, 1)``."""
+    if value is None or value == "full":
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
+        return int(value)
     if isinstance(value, float) and 0 < value < 1:
         return value
     raise ValueError(
         "batch_size must be a positive integer (points per client and iteration), a fraction in (0, 1) of "
-        f"each client's data, or None (full local data); got {value!r}."
+        f"each client's data, 'full' (all of it) or None (chosen with an automatic step, else full); got "
+        f"{value!r}."
     )
 
 

@@ -15,7 +15,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from .. import convergence
 from ..algorithms import adaptation
-from ..algorithms.mode import MODE_TOLERANCE
+from ..algorithms.mode import MODE_WARNING
 from ..algorithms.rng import Randomness
 from ..communication import InProcessNetwork
 from ..compile import check_mode, inputs_signature
@@ -90,8 +90,11 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         unconstrained units), ``"adapt"`` (adapted so, also with a given ``step_size``), ``"diagonal"`` or
         ``"dense"`` (that form adapted), a tensor of ``d`` positive numbers or a ``d x d`` symmetric positive
         definite matrix (fixed).
-    :param batch_size: minibatch size per client (``None``: the full local data), or a fraction in
-        ``(0, 1)`` of each client's data (``0.1``: :math:`n_i = \\lfloor N_i / 10 \\rfloor`, at least 1).
+    :param batch_size: minibatch size per client, a fraction in ``(0, 1)`` of each client's data (``0.1``:
+        :math:`n_i = \\lfloor N_i / 10 \\rfloor`, at least 1) or ``"full"`` (the full local data). Default
+        ``None``: chosen with an automatic step (the smallest minibatch whose noise takes a tenth of the
+        step's budget, or the full local data when it would read half of it; see
+        :func:`~pyro_fed.algorithms.adaptation.choose_batch_size`), the full local data with a given one.
     :param prior_weights: split of the prior :math:`\\varpi^i`: ``"proportional"`` (``N_i/N``),
         ``"uniform"`` (``1/b``) or a tensor.
     :param str plate: name of the data plate (found automatically when unambiguous).
@@ -107,9 +110,11 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         only) or ``"eager"`` (the Pyro model at every iteration: the reference). A model that cannot be
         traced or compiled falls back with a warning saying why. The draws are the same in every mode up
         to rounding.
-    :param int thinning: iterations per draw (default 1): each :meth:`sample` returns the iterate after
-        ``thinning`` more iterations, so ``num_samples`` draws cover ``thinning * num_samples`` iterations
-        and memory holds only the draws.
+    :param int thinning: iterations per draw: each :meth:`sample` returns the iterate after ``thinning``
+        more iterations, so ``num_samples`` draws cover ``thinning * num_samples`` iterations and memory
+        holds only the draws. Default ``None``: with an automatic step, half the autocorrelation time of the
+        slowest direction at that step, at most 100 (draws nearly independent, as NUTS's; see
+        :func:`~pyro_fed.algorithms.adaptation.thinning_for`); 1 with a given step.
     :param int chunk_size: iterations prepared and run per chunk (default 64).
     """
 
@@ -120,7 +125,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         *,
         step_size: float | None = None,
         preconditioner=None,
-        batch_size: int | float | None = None,
+        batch_size: int | float | str | None = None,
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable | None = None,
@@ -331,7 +336,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     def current_batch_size(self) -> int | float | None:
         """The minibatch size per client of the current run (``None``: full local batches): the user's, or
         the one the warm-up chose."""
-        return self.adaptation.batch_size if self.adaptation is not None else self.batch_size
+        if self.adaptation is not None:
+            return self.adaptation.batch_size
+        return None if self.batch_size == "full" else self.batch_size
 
     @property
     def current_thinning(self) -> int:
@@ -535,14 +542,14 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
 
     def warmup_problems(self) -> list[str]:
         """The warm-up's own checks that were not met, each a sentence: the mode not reached (its Newton
-        decrement above ``MODE_TOLERANCE``), the pilot run cut short of its Langevin time."""
+        decrement above ``MODE_WARNING``, a posterior sd), the pilot run cut short of its Langevin time."""
         chosen, problems = self.adaptation, []
         if chosen is None:
             return problems
-        if chosen.mode_decrement > MODE_TOLERANCE:
+        if chosen.mode_decrement > MODE_WARNING:
             problems.append(
                 f"the warm-up did not reach the mode (Newton decrement {chosen.mode_decrement:.3g} posterior "
-                f"sds, above {MODE_TOLERANCE}): the preconditioner and the step were measured elsewhere"
+                f"sds, above {MODE_WARNING}): the preconditioner and the step were measured elsewhere"
             )
         if chosen.pilot_iterations and chosen.pilot_time < adaptation.PILOT_DURATION:
             problems.append(

@@ -268,12 +268,13 @@ class DulaKernel(FederatedKernel):
 
     def warmup_problems(self) -> list[str]:
         problems = super().warmup_problems()
-        if self.schedule != "decaying" or self.current_step_size is None or self._iterations_needed is None:
+        if self.schedule != "decaying" or self.adaptation is None or self._iterations_needed is None:
+            # a step of the user's, in the model's own units, has no known curvature to be measured against:
+            # Stan's checks speak for it
             return problems
         # the relaxation times of the slowest direction that the sampling's steps covered (in the
-        # preconditioned coordinates; its curvature 1 without a measured one): about twice the number of
-        # independent draws they can give
-        slowest = 1.0 if self.adaptation is None else self.adaptation.slowest
+        # preconditioned coordinates): about twice the number of independent draws they can give
+        slowest = self.adaptation.slowest
         first = self._warmup_steps * self.current_thinning
         iterations = torch.arange(first, self._iterations_needed, dtype=torch.float64)
         factors = (self.step_offset + iterations + 1.0) ** -self.step_decay

@@ -56,14 +56,17 @@ class FaldKernel(FederatedKernel):
         see :class:`~pyro_fed.FederatedKernel`.
     :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration.
     :param float noise_corr: :math:`\tau \in [0, 1]`, the correlation of the clients' noises.
-    :param int batch_size: minibatch size :math:`n_i` per client (``None``: full local data).
+    :param batch_size: minibatch size :math:`n_i` per client, a fraction of each client's data, or
+        ``"full"`` (default ``None``: chosen with an automatic step, else full); see
+        :class:`~pyro_fed.FederatedKernel`.
     :param prior_weights: :math:`\varpi^i`: ``"proportional"`` (``N_i/N``), ``"uniform"`` or a tensor.
     :param str plate: the data plate's name, when the model has several plates with observed sites.
     :param init_strategy: a Pyro init strategy (default: a draw of the warm-up's Laplace approximation when
         the preconditioner is adapted, else the prior median); see :class:`~pyro_fed.FederatedKernel`.
     :param str gradient_mode: ``"auto"`` (default: compiled when the run is long enough to pay for it),
         ``"compiled"``, ``"traced"`` or ``"eager"``; see :class:`~pyro_fed.FederatedKernel`.
-    :param int thinning: iterations per draw (default 1).
+    :param int thinning: iterations per draw (default: about half an autocorrelation time with an
+        automatic step, else 1); see :class:`~pyro_fed.FederatedKernel`.
     :param int chunk_size: iterations run per chunk (default 64).
 
     Example: a Bayesian logistic regression of Titanic survival, its data split over 10 clients.
@@ -93,7 +96,7 @@ class FaldKernel(FederatedKernel):
         preconditioner=None,
         comm_prob: float = 1.0,
         noise_corr: float = 1.0,
-        batch_size: int | float | None = None,
+        batch_size: int | float | str | None = None,
         prior_weights="proportional",
         plate: str | None = None,
         init_strategy: Callable | None = None,

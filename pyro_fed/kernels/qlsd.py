@@ -59,7 +59,8 @@ class QlsdKernel(FederatedKernel):
     :param str control_variate: ``None`` (default), ``"fixed_point"`` or ``"svrg"``.
     :param int snapshot_every: :math:`l`, iterations between SVRG snapshots (``"svrg"`` only; default
         ``None``: snapshots take a tenth of the data evaluations, :math:`l = \lceil N / (0.1 \cdot 2 \sum_i
-        n_i) \rceil`; see :func:`~pyro_fed.algorithms.adaptation.refresh_probability`).
+        n_i) \rceil`, see :func:`~pyro_fed.algorithms.adaptation.refresh_probability`; none with full local
+        batches, where the SVRG estimate is the exact gradient and costs one evaluation).
     :param float memory_rate: :math:`\alpha \in [0, 1]`; default :math:`1/(\omega + 1)` for ``"svrg"``,
         0 (no memory) otherwise.
     :param float participation: :math:`p \in (0, 1]`, each client's probability of taking part.
@@ -139,9 +140,12 @@ class QlsdKernel(FederatedKernel):
         pot = self.potential
         self._memory_rate = self.current_memory_rate()
         if self.control_variate == "svrg":
-            self._snapshot_every = self.snapshot_every or math.ceil(
-                1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
-            )
+            # with full local batches the SVRG estimate is the exact gradient: snapshots would be useless
+            self._snapshot_every = self.snapshot_every
+            if self._snapshot_every is None and not self.full_local_batches:
+                self._snapshot_every = math.ceil(
+                    1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
+                )
             return qlsd.init(positions, pot.num_clients, self._full_gradients)
         state = qlsd.init(positions, pot.num_clients, None)
         if self.control_variate == "fixed_point":
@@ -177,7 +181,7 @@ class QlsdKernel(FederatedKernel):
     def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
         b, chains = self.potential.num_clients, self.plan.num_chains
         coins = {"active": self.rng.coins(self.participation, num_iterations, chains, b)}
-        if self.control_variate == "svrg":
+        if self.control_variate == "svrg" and self._snapshot_every is not None:
             # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
             iteration = self._computed + np.arange(1, num_iterations + 1)
             coins["snapshot"] = np.repeat((iteration % self._snapshot_every == 0)[:, None], chains, 1)
@@ -214,6 +218,7 @@ class QlsdKernel(FederatedKernel):
             memory_rate=self._memory_rate,
             control_variate=self.control_variate,
             server_gradient=prior,
+            exact_gradients=self.full_local_batches,
         )
 
     def position(self, state):
@@ -241,7 +246,9 @@ class QlsdKernel(FederatedKernel):
         return self.compressor.random or self.participation < 1
 
     def gradient_evaluations(self, minibatches: bool) -> int:
-        return 1 if self.control_variate is None else 2  # theta and the reference point
+        # theta and the reference point; SVRG with full local batches evaluates theta alone
+        exact_svrg = self.control_variate == "svrg" and not minibatches
+        return 1 if self.control_variate is None or exact_svrg else 2
 
     def adaptation_noise(self, minibatch_gradients, mode, points):
         # draws of the server's whole estimate g at typical points (at the mode a fixed point's estimate is

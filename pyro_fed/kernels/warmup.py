@@ -11,7 +11,7 @@ import torch
 
 from ..algorithms import adaptation
 from ..algorithms import mode as mode_search
-from ..algorithms.mode import MODE_TOLERANCE, ModeSearch, newton_decrement
+from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING, ModeSearch, newton_decrement
 from ..algorithms.rng import Randomness
 from ..engine import ChunkEngine
 from ..minibatch import MinibatchSampler
@@ -92,9 +92,9 @@ def adapt(
 def _mode_and_preconditioner(pot, start: torch.Tensor, given: torch.Tensor | None, form: str):
     """The mode (by L-BFGS from ``start``, then checked with the Hessian there: refined in the coordinates
     that the Laplace approximation whitens while its Newton decrement exceeds ``MODE_TOLERANCE``, at most
-    ``MODE_REFINEMENTS`` times, and reported with a warning if it still does), the inverse mass, the
-    Hessian diagonal and each client's, the condition number, the slowest curvature, the decrement and the
-    rounds of uploads."""
+    ``MODE_REFINEMENTS`` times, and reported with a warning if it then exceeds ``MODE_WARNING``), the
+    inverse mass, the Hessian diagonal and each client's, the condition number, the slowest curvature, the
+    decrement and the rounds of uploads."""
     search = find_mode(pot, start)
     rounds = search.evaluations
     for refinement in range(MODE_REFINEMENTS + 1):
@@ -107,11 +107,11 @@ def _mode_and_preconditioner(pot, start: torch.Tensor, given: torch.Tensor | Non
             break
         search = find_mode(pot, search.point, inverse_hessian=laplace)
         rounds += search.evaluations
-    if decrement > MODE_TOLERANCE:
+    if decrement > MODE_WARNING:
         warnings.warn(
             f"pyro_fed's warm-up did not reach the mode of the potential: after {rounds} rounds its gradient "
             f"there is {decrement:.3g} posterior standard deviations from stationary (the Newton decrement "
-            f"with the Laplace approximation's covariance; the search stops at {MODE_TOLERANCE}). The "
+            f"with the Laplace approximation's covariance; the search aims at {MODE_TOLERANCE}). The "
             "preconditioner, the step and the chains' starts were measured there. A posterior with many "
             "modes or none (a flat or improper direction) does this: check the model, or give step_size and "
             "initial_params.",
@@ -126,7 +126,7 @@ def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients
     gradients) and the rounds of uploads the measurements cost (each client uploads its variances)."""
     pot = kernel.potential
     if not kernel.chooses_batch_size():
-        batch = kernel.batch_size
+        batch = None if kernel.batch_size == "full" else kernel.batch_size
         if batch is None and not kernel.random_at_full_batch():
             return None, 0.0, 0
         profile = _noise_profile(kernel, seed, mode, points, root, batch)
