@@ -238,6 +238,10 @@ def test_a_batch_size_beyond_the_clients_data_is_refused_or_capped_with_a_warnin
     with pytest.warns(UserWarning, match="batch_size=20 is larger than the data of 1 of the 2 clients"):
         kernel.setup(0, x, labels)
     assert kernel.minibatches.batch_sizes == [20, 10]  # the small client uses all its data
+    # an automatic step chooses the minibatch unless told "full"
+    full = FaldKernel(logistic_model, clients, batch_size="full", gradient_mode="traced")
+    full.setup(0, x, labels)
+    assert full.current_batch_size is None and full.minibatches is None and full.adaptation.noise == 0.0
 
 
 def test_bad_clients_reported_at_setup():
