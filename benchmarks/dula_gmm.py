@@ -49,7 +49,7 @@ from common import save_log_log_figure
 from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, SgldKernel
-from pyro_fed.graphs import make_graph
+from pyro_fed.network.graphs import make_graph
 
 BOX = ((-3.0, 4.0), (-4.0, 4.0))
 NUM_AGENTS = 5

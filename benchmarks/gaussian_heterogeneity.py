@@ -102,8 +102,8 @@ import torch
 from pyro_fed import testing
 from pyro_fed.algorithms import fald, vr_fald
 from pyro_fed.algorithms.langevin import client_noise
-from pyro_fed.algorithms.rng import Randomness
-from pyro_fed.communication import InProcessNetwork
+from pyro_fed.engine.randomness import Randomness
+from pyro_fed.network.in_process import InProcessNetwork
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NUM_CLIENTS = 100

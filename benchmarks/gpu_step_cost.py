@@ -79,7 +79,7 @@ from pyro.infer import MCMC
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 import pyro_fed
-from pyro_fed import partition
+from pyro_fed.data import partition
 
 POINTS_PER_CLIENT = 64
 BATCH_SIZE = 32

@@ -79,7 +79,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 import pyro_fed
 from pyro_fed import QlsdKernel
-from pyro_fed.metrics import draw_potentials, hpd_level, relative_hpd_error
+from pyro_fed.output.metrics import draw_potentials, hpd_level, relative_hpd_error
 
 ALPHA = 0.05
 WARMUP = 500

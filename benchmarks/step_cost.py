@@ -96,7 +96,7 @@ import torch
 from pyro import poutine
 
 import pyro_fed
-from pyro_fed import partition
+from pyro_fed.data import partition
 from pyro_fed.kernels.base import ChainPlan
 
 DIM = 10

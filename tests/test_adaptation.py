@@ -11,10 +11,10 @@ import torch
 from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_value
 
-from pyro_fed import FaldKernel, VrFaldKernel, convergence
-from pyro_fed.algorithms import adaptation
+from pyro_fed import FaldKernel, VrFaldKernel
+from pyro_fed.algorithms import adaptation, convergence
 from pyro_fed.algorithms.mode import find_mode
-from pyro_fed.potential import FederatedPotential
+from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.testing import (
     GaussianClients,
     batch_means_standard_error,

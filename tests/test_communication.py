@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from pyro_fed.communication import InProcessNetwork
+from pyro_fed.network.in_process import InProcessNetwork
 
 
 def test_average_broadcast_and_select():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pyro_fed.compression import Compressor, StochasticQuantizer, compressor
+from pyro_fed.network.compression import Compressor, StochasticQuantizer, compressor
 
 
 def exact_law(quantizer, v):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_fed import FaldKernel, convergence
+from pyro_fed import FaldKernel
+from pyro_fed.algorithms import convergence
 
 from .models import gaussian_regression, regression_data
 

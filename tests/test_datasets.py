@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pyro_fed import datasets
+from pyro_fed.data import datasets
 
 # Dawson (1995), written as in the published table: counts in class order 1st, 2nd, 3rd, crew.
 TABLE = {

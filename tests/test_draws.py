@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from pyro_fed.kernels.draws import DrawBuffer
+from pyro_fed.engine.draws import DrawBuffer
 
 
 def chunk(start, num_iterations=4, num_chains=2):

@@ -12,8 +12,8 @@ import torch
 import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel, testing
 from pyro_fed.algorithms import adaptation, dula
-from pyro_fed.graphs import make_graph
 from pyro_fed.kernels import dula as dula_kernels
+from pyro_fed.network.graphs import make_graph
 from pyro_fed.testing import batch_means_standard_error, regression_clients
 
 from .models import gaussian_regression, logistic_model, regression_data, scaled_regression

@@ -4,6 +4,7 @@ import warnings
 
 import pyro
 import pyro.distributions as dist
+import pyro_fed.model.gradients
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -12,9 +13,8 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import pyro_fed.gradients
 from pyro_fed import FaldKernel
-from pyro_fed.potential import FederatedPotential
+from pyro_fed.model.potential import FederatedPotential
 
 from .models import regression_data, scaled_regression
 
@@ -31,7 +31,7 @@ def _regression(gradient_mode="eager", prior_weights="proportional"):
 @pytest.mark.parametrize("prior_weights", ["proportional", "uniform", torch.tensor([0.5, 0.2, 0.3])])
 @pytest.mark.parametrize("chunk_elements", [2**24, 7])  # one chunk; chunks of one datum
 def test_full_gradients_equal_padded_full_batches(prior_weights, chunk_elements, monkeypatch):
-    monkeypatch.setattr(pyro_fed.gradients, "_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(pyro_fed.model.gradients, "_CHUNK_ELEMENTS", chunk_elements)
     pot = _regression(prior_weights=prior_weights)
     points = torch.randn(2, 3, pot.dim, generator=torch.Generator().manual_seed(0))
     expected = pot.client_grads(points, pot.full_batches)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pyro_fed.graphs import Graph, make_graph
+from pyro_fed.network.graphs import Graph, make_graph
 
 
 def test_named_graphs_and_their_laplacians():

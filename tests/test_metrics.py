@@ -9,7 +9,8 @@ import pytest
 import torch
 import xarray as xr
 
-from pyro_fed.metrics import (
+from pyro_fed.model.potential import FederatedPotential
+from pyro_fed.output.metrics import (
     _as_draw_matrix,
     accuracy,
     agreement,
@@ -23,7 +24,6 @@ from pyro_fed.metrics import (
     total_variation,
     wasserstein2,
 )
-from pyro_fed.potential import FederatedPotential
 
 from .models import gaussian_regression, regression_data
 

@@ -1,7 +1,7 @@
 import torch
 
-from pyro_fed.algorithms.rng import Randomness
-from pyro_fed.minibatch import MinibatchSampler
+from pyro_fed.data.minibatch import MinibatchSampler
+from pyro_fed.engine.randomness import Randomness
 
 SIZES = [10, 7, 3]
 

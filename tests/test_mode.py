@@ -10,7 +10,7 @@ from pyro.infer import MCMC
 from pyro_fed import FaldKernel
 from pyro_fed.algorithms import mode as mode_search
 from pyro_fed.kernels import warmup
-from pyro_fed.potential import FederatedPotential
+from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.testing import regression_clients
 
 from .models import gaussian_regression

@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from pyro_fed import partition
+from pyro_fed.data import partition
 
 LABELS = torch.arange(1000) % 10  # 10 labels x 100 points
 

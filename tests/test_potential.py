@@ -11,7 +11,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 
 from pyro_fed import FaldKernel, to_inference_data
-from pyro_fed.potential import FederatedPotential
+from pyro_fed.model.potential import FederatedPotential
 
 from .models import logistic_model, regression_data, scaled_regression
 
@@ -102,7 +102,7 @@ def test_failed_tracing_falls_back_to_eager_with_a_warning(monkeypatch):
     def broken_make_fx(function):
         raise RuntimeError("cannot trace this")
 
-    monkeypatch.setattr("pyro_fed.compile.make_fx", broken_make_fx)
+    monkeypatch.setattr("pyro_fed.engine.compile.make_fx", broken_make_fx)
     x, y = regression_data(len(CLIENTS))
     pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
     eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="eager")

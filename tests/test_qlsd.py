@@ -10,8 +10,8 @@ import torch
 
 from pyro_fed import FaldKernel, QlsdKernel
 from pyro_fed.algorithms import adaptation, qlsd
-from pyro_fed.communication import InProcessNetwork
-from pyro_fed.compression import Compressor, StochasticQuantizer
+from pyro_fed.network.compression import Compressor, StochasticQuantizer
+from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import GaussianClients, batch_means_standard_error, fald_stationary_law
 
 from .models import gaussian_regression

@@ -5,8 +5,8 @@ import torch
 from pyro_fed import testing
 from pyro_fed.algorithms import fald, vr_fald
 from pyro_fed.algorithms.langevin import client_noise
-from pyro_fed.algorithms.rng import Randomness
-from pyro_fed.communication import InProcessNetwork
+from pyro_fed.engine.randomness import Randomness
+from pyro_fed.network.in_process import InProcessNetwork
 
 Z = 4.5  # standard errors: a false alarm has probability ~1e-5 per checked number
 

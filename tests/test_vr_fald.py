@@ -10,7 +10,7 @@ from pyro.infer import MCMC
 import pyro_fed
 from pyro_fed import FaldKernel, VrFaldKernel, testing
 from pyro_fed.algorithms import vr_fald
-from pyro_fed.gradients import ClientBatches
+from pyro_fed.model.gradients import ClientBatches
 
 from .models import gaussian_regression, logistic_model, regression_data
 

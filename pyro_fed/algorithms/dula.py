@@ -8,8 +8,8 @@ log-likelihood and a :math:`1/n` share of the prior). All agents update at once:
     w \leftarrow ((I - \beta_k L) \otimes I_d)\, w - \alpha_k\, n\, g(w) + \sqrt{2 \alpha_k}\, v,
     \qquad v_i \sim N(0, n I_d),
 
-with :math:`g_i(w) = \hat\nabla U_i(w_i)`, :math:`L` the graph's Laplacian (:mod:`pyro_fed.graphs`) and
-steps :math:`\alpha_k`, :math:`\beta_k`: constant, or the paper's decaying ones
+with :math:`g_i(w) = \hat\nabla U_i(w_i)`, :math:`L` the graph's Laplacian (:mod:`pyro_fed.network.graphs`)
+and steps :math:`\alpha_k`, :math:`\beta_k`: constant, or the paper's decaying ones
 :math:`\alpha_k = a / (k_0 + k + 1)^{\delta_2}`, :math:`\beta_k = b / (k + 1)^{\delta_1}`. Since
 :math:`\mathbf 1^\top L = 0`, the agents' average takes an exact Langevin step on :math:`U = \sum_i U_i`,
 :math:`\bar w \leftarrow \bar w - \alpha_k \sum_i \nabla U_i(w_i) + \sqrt{2\alpha_k}\, \bar v` with
@@ -171,7 +171,7 @@ def step(
 
     :param gradients: maps the agents' points ``[C, n, d]`` to their gradient estimates.
     :param noise: standard Gaussian noise ``[C, n, d]`` (scaled here to :math:`N(0, n I)`).
-    :param graph: a :class:`~pyro_fed.graphs.Graph`.
+    :param graph: a :class:`~pyro_fed.network.graphs.Graph`.
     :param alpha: :math:`\\alpha_k`, a step of :func:`~pyro_fed.algorithms.langevin.langevin_step` (a
         scalar, per coordinate, or a dense preconditioned step with its root).
     :param beta: :math:`\\beta_k`.

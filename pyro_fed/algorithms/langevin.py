@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .rng import Randomness
+from ..engine.randomness import Randomness
 
 
 def langevin_step(

@@ -10,8 +10,8 @@ The server holds :math:`\theta`. Each iteration every client is active with prob
     \theta \leftarrow \theta - \gamma g + \sqrt{2\gamma}\, Z, \qquad
     \eta^i \leftarrow \eta^i + \alpha g_i \ (i \in A),
 
-where :math:`Q` is a compressor (:mod:`pyro_fed.compression`), :math:`\eta^i` a memory the server mirrors
-(:math:`\alpha = 0`: none) and :math:`H^i` client :math:`i`'s estimate of :math:`\nabla U^i(\theta)`:
+where :math:`Q` is a compressor (:mod:`pyro_fed.network.compression`), :math:`\eta^i` a memory the server
+mirrors (:math:`\alpha = 0`: none) and :math:`H^i` client :math:`i`'s estimate of :math:`\nabla U^i(\theta)`:
 
 - no control variate (QLSD, QLSD#): :math:`H^i = \hat\nabla U^i(\theta; S^i)`;
 - ``"fixed_point"`` (QLSD⋆): :math:`H^i = \hat\nabla U^i(\theta; S^i) - \hat\nabla U^i(\theta_\star; S^i)`,
@@ -106,7 +106,7 @@ def step(
     :param noise: the server's Gaussian noise, ``[C, d]``.
     :param uniforms: the compressor's uniforms, ``[C, b, d]`` (``None`` for a deterministic compressor).
     :param active: which clients take part, ``[C, b]`` boolean.
-    :param compressor: a :class:`~pyro_fed.compression.Compressor`.
+    :param compressor: a :class:`~pyro_fed.network.compression.Compressor`.
     :param step_size: :math:`\\gamma` (a tensor: a scalar or per coordinate).
     :param float memory_rate: :math:`\\alpha`.
     :param control_variate: ``None``, ``"fixed_point"`` or ``"svrg"``.

@@ -13,14 +13,14 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from .. import convergence
-from ..algorithms import adaptation
+from ..algorithms import adaptation, convergence
 from ..algorithms.mode import MODE_WARNING
-from ..algorithms.rng import Randomness
-from ..communication import InProcessNetwork
-from ..compile import check_mode, inputs_signature
-from ..minibatch import MinibatchSampler
-from ..potential import FederatedPotential
+from ..data.minibatch import MinibatchSampler
+from ..engine.compile import check_mode, inputs_signature
+from ..engine.draws import DrawBuffer
+from ..engine.randomness import Randomness
+from ..model.potential import FederatedPotential
+from ..network.in_process import InProcessNetwork
 from . import warmup
 from .arguments import (
     check_batch_size,
@@ -30,7 +30,6 @@ from .arguments import (
     check_preconditioner,
 )
 from .chunks import ChunkRunner
-from .draws import DrawBuffer
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
@@ -62,22 +61,23 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     Each :meth:`sample` call returns one draw (``thinning`` iterations after the previous one), served from
     buffers that the kernel fills a chunk of iterations at a time: the randomness of a chunk (noise,
     minibatches, coins) is drawn ahead, and the iterations run as one prepared function
-    (:mod:`pyro_fed.engine`). ``MCMC(kernel, num_chains=C)`` runs the ``C`` chains as one batched state
-    ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them one
-    chain after another, as it would from independent runs.
+    (:mod:`pyro_fed.engine.chunk_engine`). ``MCMC(kernel, num_chains=C)`` runs the ``C`` chains as one batched
+    state ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them
+    one chain after another, as it would from independent runs.
 
     Subclasses set :attr:`state_type` (and :attr:`server_step` for a server's steps) and implement
     :meth:`init_state`, :meth:`step_inputs`, :meth:`step`, :meth:`position`,
     :meth:`draw_coins` and :meth:`traffic` (and, for out-of-step events, :meth:`event_iterations` and
     :meth:`event`; for per-draw values, :meth:`statistics`) with the
     pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
-    :class:`~pyro_fed.potential.FederatedPotential`, the randomness, the minibatches, the network, reverting
-    diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw statistics.
+    :class:`~pyro_fed.model.potential.FederatedPotential`, the randomness, the minibatches, the network,
+    reverting diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw
+    statistics.
 
     :param model: a Pyro model whose likelihood is a plate over data.
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
-        :mod:`pyro_fed.partition`).
+        :mod:`pyro_fed.data.partition`).
     :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
         from the curvature of the potential at its mode and at typical points, then checked by a pilot run
         within the warm-up's upload rounds; see :meth:`upload_rate`, :mod:`pyro_fed.algorithms.adaptation`).
@@ -518,8 +518,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
 
     def _end_of_run_check(self) -> dict | None:
         """Once every chain's draws are computed (at the end of the first chain Pyro is served: the chains
-        run as one batch), Stan's checks on all of them (:func:`pyro_fed.convergence.check`) and the
-        warm-up's own (:meth:`warmup_problems`), with one warning naming what failed; the figures per
+        run as one batch), Stan's checks on all of them (:func:`pyro_fed.algorithms.convergence.check`) and
+        the warm-up's own (:meth:`warmup_problems`), with one warning naming what failed; the figures per
         coordinate (unconstrained, named ``site[index]``) and the problems. ``None`` for a kernel driven by
         hand."""
         if self._iterations_needed is None or self._computed < self._iterations_needed:

@@ -2,9 +2,9 @@
 
 :class:`ChunkRunner` is the part of :class:`~pyro_fed.kernels.base.FederatedKernel` that runs: the
 iteration as a pure tensor function with the divergence revert (a select, not a branch), its pre-drawn
-inputs, the prepared engine (:mod:`pyro_fed.engine`: traced or compiled once per shape, kept while the
-model's arguments are unchanged), the automatic compilation of long runs (``AUTO_COMPILE_SECONDS``), and
-the out-of-step events that split a chunk.
+inputs, the prepared engine (:mod:`pyro_fed.engine.chunk_engine`: traced or compiled once per shape, kept
+while the model's arguments are unchanged), the automatic compilation of long runs (``AUTO_COMPILE_SECONDS``),
+and the out-of-step events that split a chunk.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..compile import same_inputs
-from ..engine import ChunkEngine
+from ..engine.chunk_engine import ChunkEngine
+from ..engine.compile import same_inputs
 
 #: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
 #: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times

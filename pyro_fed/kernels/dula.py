@@ -7,9 +7,8 @@ import warnings
 import numpy as np
 import torch
 
-from .. import convergence
-from ..algorithms import adaptation, dula
-from ..graphs import make_graph
+from ..algorithms import adaptation, convergence, dula
+from ..network.graphs import make_graph
 from .arguments import check_positive
 from .base import FederatedKernel
 
@@ -53,7 +52,7 @@ class DulaKernel(FederatedKernel):
     NeurIPS 2020.
 
     :param graph: ``"ring"`` (default), ``"complete"``, ``"star"``, ``"path"``, ``"erdos_renyi"``, an
-        adjacency matrix ``[n, n]`` or a :class:`~pyro_fed.graphs.Graph` (validated: symmetric, no
+        adjacency matrix ``[n, n]`` or a :class:`~pyro_fed.network.graphs.Graph` (validated: symmetric, no
         self-loops, connected).
     :param float step_size: :math:`a` (default: chosen, see above; with ``"decaying"`` the first step
         :math:`\alpha_0` is the warm-up's).

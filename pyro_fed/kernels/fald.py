@@ -47,7 +47,7 @@ class FaldKernel(FederatedKernel):
         reads its data through the plate's indices (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
-        :mod:`pyro_fed.partition`); default: 10 i.i.d. clients (one per datum with fewer than 10 data).
+        :mod:`pyro_fed.data.partition`); default: 10 i.i.d. clients (one per datum with fewer than 10 data).
     :param float step_size: :math:`\gamma > 0` (default: chosen from the potential's curvature before the
         chains start, and checked by a pilot run within the warm-up; see
         :mod:`pyro_fed.algorithms.adaptation`).

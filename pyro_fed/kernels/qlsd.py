@@ -10,8 +10,8 @@ import torch
 
 from ..algorithms import adaptation, qlsd
 from ..algorithms.mode import MODE_TOLERANCE
-from ..communication import BITS_PER_FLOAT
-from ..compression import compressor
+from ..network.compression import compressor
+from ..network.in_process import BITS_PER_FLOAT
 from . import warmup
 from .arguments import check_positive_int, check_probability
 from .base import FederatedKernel
@@ -47,10 +47,10 @@ class QlsdKernel(FederatedKernel):
 
     When no client takes part (probability :math:`(1-p)^b`), the server steps with the memories' sum
     :math:`g = \sum_i \eta^i` (without memory: a noise-only step). Each active client uploads one quantised
-    message (:meth:`~pyro_fed.compression.StochasticQuantizer.bits`; ``32 d`` uncompressed) and downloads
-    :math:`\theta` (``32 d``); a snapshot sends :math:`\theta` to every client. ``sample_stats`` records
-    per draw ``active_clients`` (and ``snapshot`` for QLSD++) beside the cumulative ``uploaded_bits`` and
-    ``downloaded_bits``.
+    message (:meth:`~pyro_fed.network.compression.StochasticQuantizer.bits`; ``32 d`` uncompressed) and
+    downloads :math:`\theta` (``32 d``); a snapshot sends :math:`\theta` to every client. ``sample_stats``
+    records per draw ``active_clients`` (and ``snapshot`` for QLSD++) beside the cumulative ``uploaded_bits``
+    and ``downloaded_bits``.
 
     **Reference:** Vono, Plassier, Durmus, Dieuleveut, Moulines, *QLSD: Quantised Langevin stochastic
     dynamics for Bayesian federated learning*, AISTATS 2022, Algorithms 1, 2 and S1.

@@ -12,9 +12,9 @@ import torch
 from ..algorithms import adaptation
 from ..algorithms import mode as mode_search
 from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING, ModeSearch, newton_decrement
-from ..algorithms.rng import Randomness
-from ..engine import ChunkEngine
-from ..minibatch import MinibatchSampler
+from ..data.minibatch import MinibatchSampler
+from ..engine.chunk_engine import ChunkEngine
+from ..engine.randomness import Randomness
 
 #: minibatches drawn per client and point to measure the gradient noise (the relative standard error of a
 #: variance from R draws is about sqrt(2 / R): 18% here)
@@ -164,7 +164,7 @@ def _pilot(kernel, points, root, step, clients_per_step, generator, max_iteratio
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
     pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost, its iterations
     and the Langevin time they covered. Its iterations run on the engine of the chains
-    (:mod:`pyro_fed.engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
+    (:mod:`pyro_fed.engine.chunk_engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
     pot = kernel.potential
     stiffness_rounds, directions = [0], [None]
 

@@ -46,8 +46,8 @@ from pyro import poutine
 from pyro.poutine.runtime import NonlocalExit
 from pyro.poutine.util import site_is_factor, site_is_subsample
 
-from .potential import FederatedPotential
-from .predictive import map_draw_chunks
+from ..model.potential import FederatedPotential
+from ..model.predictive import map_draw_chunks
 
 if TYPE_CHECKING:
     import arviz as az

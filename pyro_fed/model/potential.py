@@ -12,11 +12,11 @@ where :math:`U^0` is the negative log prior plus the negative log-det-Jacobian o
 transforms, :math:`U^i_j` the negative log-likelihood of datum ``j`` of client ``i`` and
 :math:`\\sum_i \\varpi^i = 1`.
 
-:class:`FederatedPotential` composes four modules: :mod:`pyro_fed.sites` reads and checks the model's
-sites, :mod:`pyro_fed.unconstrained` maps the flat unconstrained vector to site values,
-:mod:`pyro_fed.gradients` gives the clients' potentials and batched gradients as pure tensor functions, and
-:mod:`pyro_fed.predictive` the per-draw evaluations for ArviZ. It adds the split of the data into clients
-and prepares the gradients (traced, compiled: :mod:`pyro_fed.compile`) once per input shape.
+:class:`FederatedPotential` composes four modules: :mod:`pyro_fed.model.sites` reads and checks the model's
+sites, :mod:`pyro_fed.model.unconstrained` maps the flat unconstrained vector to site values,
+:mod:`pyro_fed.model.gradients` gives the clients' potentials and batched gradients as pure tensor functions,
+and :mod:`pyro_fed.model.predictive` the per-draw evaluations for ArviZ. It adds the split of the data into
+clients and prepares the gradients (traced, compiled: :mod:`pyro_fed.engine.compile`) once per input shape.
 
 **Reference:** Plassier et al., *Federated Averaging Langevin Dynamics: Toward a unified theory and new
 algorithms*, AISTATS 2023, Section 2.
@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 import torch
 from pyro.infer.autoguide.initialization import init_to_median
 
+from ..data.partition import to_index_lists
+from ..engine.compile import Prepared, check_mode, prepare
 from . import predictive
-from .compile import Prepared, check_mode, prepare
 from .gradients import ClientBatches, ClientGradients, make_prior_weights, pad_batches
-from .partition import to_index_lists
 from .sites import ModelSites
 from .unconstrained import LatentSite, UnconstrainedSpace
 
@@ -48,7 +48,7 @@ class FederatedPotential:
     :param dict model_kwargs: keyword arguments of the model.
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
-        :mod:`pyro_fed.partition`).
+        :mod:`pyro_fed.data.partition`).
     :param str plate: name of the data plate; found automatically when exactly one plate holds observed
         sites.
     :param prior_weights: ``"proportional"`` (:math:`\\varpi^i = N_i/N`), ``"uniform"`` (``1/b``) or a
@@ -56,15 +56,15 @@ class FederatedPotential:
     :param init_strategy: a Pyro init strategy giving the initial latent values (default
         :func:`~pyro.infer.autoguide.initialization.init_to_median`).
     :param str gradient_mode: how :meth:`client_grads` and :meth:`full_client_grads` run, prepared once
-        per input shape (:mod:`pyro_fed.compile`). ``"auto"`` (default) and ``"traced"``: traced into a graph
-        of tensor operations, which removes the Python overhead of the model (2-3x faster than
+        per input shape (:mod:`pyro_fed.engine.compile`). ``"auto"`` (default) and ``"traced"``: traced into a
+        graph of tensor operations, which removes the Python overhead of the model (2-3x faster than
         ``"eager"``). ``"compiled"``: then compiled by TorchInductor, the compiler behind
         :func:`torch.compile` — the fastest, after about a second of compilation per shape (tens of seconds
         on a machine's first compilation). ``"eager"``: the Pyro model runs at every evaluation.
 
-    Its parts: ``sites`` (:class:`~pyro_fed.sites.ModelSites`), ``space``
-    (:class:`~pyro_fed.unconstrained.UnconstrainedSpace`) and ``gradients``
-    (:class:`~pyro_fed.gradients.ClientGradients`).
+    Its parts: ``sites`` (:class:`~pyro_fed.model.sites.ModelSites`), ``space``
+    (:class:`~pyro_fed.model.unconstrained.UnconstrainedSpace`) and ``gradients``
+    (:class:`~pyro_fed.model.gradients.ClientGradients`).
     """
 
     def __init__(
@@ -108,10 +108,10 @@ class FederatedPotential:
             self.gradient_mode = "eager"
         self._prepared: dict[tuple, Prepared] = {}
         #: the raw batched minibatch gradient, untraced (a pure tensor function, to trace inside larger
-        #: functions): see :meth:`pyro_fed.gradients.ClientGradients.gradient_fn`
+        #: functions): see :meth:`pyro_fed.model.gradients.ClientGradients.gradient_fn`
         self.gradient_fn = self.gradients.gradient_fn
         #: the raw full local gradients, each datum evaluated once, untraced: see
-        #: :meth:`pyro_fed.gradients.ClientGradients.full_gradient_fn`
+        #: :meth:`pyro_fed.model.gradients.ClientGradients.full_gradient_fn`
         self.full_gradient_fn = self.gradients.full_gradient_fn
 
     @functools.cached_property
@@ -273,7 +273,7 @@ class FederatedPotential:
         self, values: dict[str, torch.Tensor], chunk_size: int | None = None
     ) -> dict[str, torch.Tensor]:
         """Pointwise log-likelihood per observed site: ``{site: [M, *batch_shape]}``
-        (:func:`pyro_fed.predictive.pointwise_log_likelihood`).
+        (:func:`pyro_fed.model.predictive.pointwise_log_likelihood`).
 
         :param values: constrained latent values with a leading dimension of ``M`` draws.
         """
@@ -283,7 +283,7 @@ class FederatedPotential:
         self, values: dict[str, torch.Tensor], chunk_size: int | None = None
     ) -> dict[str, torch.Tensor]:
         """One replicate of every observed site of the plate per draw: ``{site: [M, N, ...]}``
-        (:func:`pyro_fed.predictive.posterior_predictive`)."""
+        (:func:`pyro_fed.model.predictive.posterior_predictive`)."""
         return predictive.posterior_predictive(self.sites, values, chunk_size)
 
     def observed_data(self) -> dict[str, torch.Tensor]:

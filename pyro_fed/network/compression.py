@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .communication import BITS_PER_FLOAT
+from .in_process import BITS_PER_FLOAT
 
 
 class Compressor:

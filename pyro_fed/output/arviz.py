@@ -6,16 +6,17 @@ Works with ArviZ 0.x (returns :class:`arviz.InferenceData`) and ArviZ 1.x (retur
 
 from __future__ import annotations
 
-import arviz as az
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-import xarray as xr
 
-from .kernels.base import FederatedKernel
-from .kernels.dula import AGENTS
-from .potential import FederatedPotential
+from ..kernels.base import FederatedKernel
+from ..kernels.dula import AGENTS
+from ..model.potential import FederatedPotential
 
-_ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+if TYPE_CHECKING:
+    import xarray as xr
 
 
 def _numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -46,6 +47,8 @@ def _potential(mcmc) -> FederatedPotential:
 def _agents_group(potential: FederatedPotential, flat: np.ndarray) -> xr.Dataset:
     """The agents' unconstrained iterates ``[C, D, n, d]``, constrained: one variable per site, with dims
     ``chain, draw, agent`` and ArviZ's default names for the site's own."""
+    import xarray as xr
+
     unconstrained = potential.unconstrained_params(torch.as_tensor(flat))
     variables = {}
     for site in potential.latent_sites:
@@ -143,13 +146,18 @@ def to_inference_data(
             _keep(groups, name, mask.cpu().numpy(), axis)
         data_dims[name] = [f"{name}_dim_{i}" for i in range(axis)] + [plate]
     data_dims.update(dims or {})
-    if _ARVIZ_1:
+    # ArviZ and xarray are imported here, not with pyro_fed: they take seconds
+    import arviz as az
+    import xarray as xr
+
+    arviz_1 = int(az.__version__.split(".")[0]) >= 1
+    if arviz_1:
         data = az.from_dict(groups, coords=coords, dims=data_dims)
     else:
         data = az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))
     if agents is not None:
         group = _agents_group(potential, agents)
-        if _ARVIZ_1:
+        if arviz_1:
             data[AGENTS] = xr.DataTree(group)
         else:
             data.add_groups({AGENTS: group}, warn_on_custom_groups=False)

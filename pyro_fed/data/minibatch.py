@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .algorithms.rng import Randomness
-from .gradients import pad_indices
+from ..engine.randomness import Randomness
+from .partition import pad_indices
 
 
 class MinibatchSampler:

@@ -300,3 +300,17 @@ def _is_integer(t: torch.Tensor) -> bool:
 
 def _is_vector(x) -> bool:
     return isinstance(x, Sequence) or getattr(x, "ndim", 0) == 1
+
+
+def pad_indices(indices: Sequence[torch.Tensor], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One index tensor per client as a padded table ``[b, n_max]`` (padding 0) and the lengths ``[b]``,
+    built with a few tensor operations whatever ``b``."""
+    lengths = torch.tensor([len(ix) for ix in indices], device=device)
+    flat = torch.cat([ix.reshape(-1) for ix in indices]).to(device=device, dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(indices), device=device), lengths)
+    columns = torch.arange(len(flat), device=device) - torch.repeat_interleave(
+        lengths.cumsum(0) - lengths, lengths
+    )
+    table = torch.zeros(len(indices), int(lengths.max()), dtype=torch.long, device=device)
+    table[rows, columns] = flat
+    return table, lengths

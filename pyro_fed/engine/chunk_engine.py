@@ -6,7 +6,7 @@ minibatch indices, coins) is drawn ahead: the engine receives a pure function
     ``iteration(state, inputs, constants) -> (new_state, outputs)``
 
 (tuples of tensors; ``inputs`` are one iteration's slice of the chunk's pre-drawn tensors), prepares it once
-per input shape (:mod:`pyro_fed.compile`: traced, and compiled by TorchInductor by default) and runs a
+per input shape (:mod:`pyro_fed.engine.compile`: traced, and compiled by TorchInductor by default) and runs a
 chunk of iterations:
 
 - on the CPU, the prepared iteration called in a loop, each call a single fused function;
@@ -34,7 +34,7 @@ class ChunkEngine:
 
     :param iteration: ``(state, inputs, constants) -> (new_state, outputs)``, tuples of tensors; it must not
         branch on tensor values (coins are selects) nor draw randomness.
-    :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (see :mod:`pyro_fed.compile`).
+    :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (see :mod:`pyro_fed.engine.compile`).
     :param str what: what the iteration is, for log lines and warnings.
     :param bool cuda_graphs: capture full chunks as CUDA graphs on CUDA devices.
     """

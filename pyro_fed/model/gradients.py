@@ -16,7 +16,7 @@ transforms, :math:`U^i_j` the negative log-likelihood of datum ``j`` of client `
 The model is evaluated with each client's minibatch indices injected into the data plate, and all clients
 are evaluated at once with :func:`torch.func.vmap` (one vectorised model evaluation per call, never a
 Python loop over clients). The functions here are neither traced nor compiled: they can be traced inside
-larger functions (see :mod:`pyro_fed.compile`), and they switch validation off themselves. A model that
+larger functions (see :mod:`pyro_fed.engine.compile`), and they switch validation off themselves. A model that
 :func:`torch.func.vmap` cannot batch (a Python ``if`` on a parameter's value, an in-place write of a
 parameter into a tensor made inside the model) is evaluated one client at a time instead, with a warning.
 
@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..data.partition import pad_indices
 from .sites import ModelSites
 from .unconstrained import UnconstrainedSpace
 
@@ -50,20 +51,6 @@ class ClientBatches(NamedTuple):
 
     indices: torch.Tensor  # [b, n] long
     datum_weights: torch.Tensor  # [b, n] float
-
-
-def pad_indices(indices: Sequence[torch.Tensor], device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One index tensor per client as a padded table ``[b, n_max]`` (padding 0) and the lengths ``[b]``,
-    built with a few tensor operations whatever ``b``."""
-    lengths = torch.tensor([len(ix) for ix in indices], device=device)
-    flat = torch.cat([ix.reshape(-1) for ix in indices]).to(device=device, dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(indices), device=device), lengths)
-    columns = torch.arange(len(flat), device=device) - torch.repeat_interleave(
-        lengths.cumsum(0) - lengths, lengths
-    )
-    table = torch.zeros(len(indices), int(lengths.max()), dtype=torch.long, device=device)
-    table[rows, columns] = flat
-    return table, lengths
 
 
 def pad_batches(
@@ -106,8 +93,8 @@ def make_prior_weights(
 class ClientGradients:
     """The clients' potentials :math:`U^i` and gradients of a model, batched over points and clients.
 
-    :param sites: the model's sites (:class:`~pyro_fed.sites.ModelSites`).
-    :param space: the flat unconstrained vector (:class:`~pyro_fed.unconstrained.UnconstrainedSpace`).
+    :param sites: the model's sites (:class:`~pyro_fed.model.sites.ModelSites`).
+    :param space: the flat unconstrained vector (:class:`~pyro_fed.model.unconstrained.UnconstrainedSpace`).
     :param client_indices: one index tensor of data points per client.
     :param prior_weights: the prior weights :math:`\\varpi^i`, ``[b]``.
     """
