@@ -4,7 +4,6 @@ import warnings
 
 import pyro
 import pyro.distributions as dist
-import pyro_fed.model.gradients
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -13,6 +12,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import pyro_fed.model.gradients
 from pyro_fed import FaldKernel
 from pyro_fed.model.potential import FederatedPotential
 
