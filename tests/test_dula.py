@@ -14,6 +14,7 @@ from pyro_fed import DulaKernel, SgldKernel, testing
 from pyro_fed.algorithms import adaptation, dula
 from pyro_fed.kernels import dula as dula_kernels
 from pyro_fed.network.graphs import make_graph
+from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import batch_means_standard_error, regression_clients
 
 from .models import gaussian_regression, logistic_model, regression_data, scaled_regression
@@ -52,10 +53,13 @@ def test_the_average_takes_an_exact_ula_step_with_the_same_noise():
         (make_graph("ring", n), torch.randn(2, n, 3, generator=g)),
         (make_graph("complete", n), torch.randn(2, 1, 3, generator=g).expand(2, n, 3)),
     ):
-        new = dula.step(dula.DulaState(start), exact.gradients, noise, graph, alpha, torch.tensor(0.3))
+        network = InProcessNetwork(n, 3, 2)
+        new = dula.step(
+            dula.DulaState(start), exact.gradients, noise, graph, alpha, torch.tensor(0.3), network
+        )
         grads = exact.gradients(start).sum(1)
         expected = start.mean(1) - alpha * grads + (2 * alpha).sqrt() * (n**0.5 * noise).mean(1)
-        torch.testing.assert_close(dula.position(new), expected)
+        torch.testing.assert_close(dula.position(new, network), expected)
     # at consensus the agents' gradients sum to the full one at the average: the ULA step on U exactly
     full = exact.gradients(start.mean(1)[:, None, :].expand(-1, n, -1)).sum(1)
     torch.testing.assert_close(grads, full)

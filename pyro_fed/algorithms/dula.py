@@ -55,9 +55,9 @@ def init(positions: torch.Tensor, num_agents: int) -> DulaState:
     return DulaState(positions[:, None, :].expand(-1, num_agents, -1).clone())
 
 
-def position(state: DulaState) -> torch.Tensor:
+def position(state: DulaState, network) -> torch.Tensor:
     """The reported draw: the agents' average :math:`\\bar w`, ``[C, d]``."""
-    return state.clients.mean(-2)
+    return network.average(state.clients)
 
 
 def step_sizes(
@@ -166,6 +166,7 @@ def step(
     graph,
     alpha: torch.Tensor,
     beta: torch.Tensor,
+    network,
 ) -> DulaState:
     """One D-ULA iteration.
 
@@ -175,8 +176,12 @@ def step(
     :param alpha: :math:`\\alpha_k`, a step of :func:`~pyro_fed.algorithms.langevin.langevin_step` (a
         scalar, per coordinate, or a dense preconditioned step with its root).
     :param beta: :math:`\\beta_k`.
+    :param network: the :class:`~pyro_fed.network.base.Network` that exchanges the agents' iterates over
+        ``graph``.
     """
     w = state.clients
     n = w.shape[-2]
     # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
-    return DulaState(langevin_step(graph.mix(w, beta), n * gradients(w), alpha, math.sqrt(n) * noise))
+    return DulaState(
+        langevin_step(network.mix(graph, w, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
+    )

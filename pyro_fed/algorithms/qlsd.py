@@ -117,7 +117,7 @@ def step(
         estimates(state, gradients, control_variate, network, exact_gradients) - state.memory, uniforms
     )
     uploads = torch.where(active[..., None], uploads, torch.zeros_like(uploads))
-    estimate = aggregate(uploads, active, state.memory)
+    estimate = aggregate(uploads, active, state.memory, network)
     if server_gradient is not None:
         estimate = estimate + server_gradient
     return state._replace(
@@ -126,12 +126,11 @@ def step(
     )
 
 
-def aggregate(uploads: torch.Tensor, active: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+def aggregate(uploads: torch.Tensor, active: torch.Tensor, memory: torch.Tensor, network) -> torch.Tensor:
     """The server's estimate :math:`g = \\frac{b}{|A|} \\sum_{i \\in A} g_i + \\sum_i \\eta^i`, ``[..., d]``,
-    from the uploads ``[..., b, d]``, the participation ``[..., b]`` and the memories ``[..., b, d]``. With
-    no active client the first term is 0."""
-    b = uploads.shape[-2]
+    from the uploads ``[..., b, d]``, the participation ``[..., b]`` and the memories ``[..., b, d]``, summed
+    over the clients by the ``network``. With no active client the first term is 0."""
     uploads = torch.where(active[..., None], uploads, torch.zeros_like(uploads))
-    count = active.sum(-1, keepdim=True).to(uploads.dtype)
-    weight = torch.where(count > 0, b / count.clamp_min(1.0), torch.zeros_like(count))
-    return weight * uploads.sum(-2) + memory.sum(-2)
+    count = network.sum(active, -1).unsqueeze(-1).to(uploads.dtype)
+    weight = torch.where(count > 0, network.num_clients / count.clamp_min(1.0), torch.zeros_like(count))
+    return weight * network.sum(uploads) + network.sum(memory)

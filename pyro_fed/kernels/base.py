@@ -20,6 +20,7 @@ from ..engine.compile import check_mode, inputs_signature
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
 from ..model.potential import FederatedPotential
+from ..network.base import Network
 from ..network.in_process import InProcessNetwork
 from . import warmup
 from .arguments import (
@@ -116,6 +117,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         slowest direction at that step, at most 100 (draws nearly independent, as NUTS's; see
         :func:`~pyro_fed.algorithms.adaptation.thinning_for`); 1 with a given step.
     :param int chunk_size: iterations prepared and run per chunk (default 64).
+    :param network: where the clients meet (a :class:`~pyro_fed.network.base.Network`): every reduction over
+        the clients of the iterations goes through it. Default ``None``: all clients in this process
+        (:class:`~pyro_fed.network.in_process.InProcessNetwork`).
     """
 
     def __init__(
@@ -132,8 +136,15 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         gradient_mode: str = "auto",
         thinning: int | None = None,
         chunk_size: int = 64,
+        network: Network | None = None,
     ):
         self.model = model
+        if network is not None and not isinstance(network, Network):
+            raise TypeError(
+                f"network must be a pyro_fed.network.base.Network (for example InProcessNetwork()); got "
+                f"{type(network).__name__}."
+            )
+        self._network = network
         self.gradient_mode = check_mode(gradient_mode)
         self.clients = clients
         self.step_size = None if step_size is None else check_positive("step_size", step_size)
@@ -250,7 +261,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
         self.rng = Randomness(seed, pot.device)
-        self.network = InProcessNetwork(pot.num_clients, pot.dim, num_chains)
+        self.network = (self._network or InProcessNetwork()).attach(pot.num_clients, pot.dim, num_chains)
         self._chain, self._served, self._computed = 0, 0, 0
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)

@@ -55,8 +55,7 @@ class ChunkRunner:
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
         new = self.step(self.state_type(*state), self._gradients(indices), inputs, step_size)
-        # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
-        valid = torch.stack([t.flatten(1).sum(1) for t in new]).sum(0).isfinite()
+        valid = self.network.finite(new)
         valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
         # a diverging step is reverted without waiting for the device: select, don't branch
         new = tuple(

@@ -164,10 +164,10 @@ class DulaKernel(FederatedKernel):
             consensus_decay=self.consensus_decay,
             step_offset=self.step_offset,
         )
-        return dula.step(state, gradients, noise, self.graph, alpha, beta)
+        return dula.step(state, gradients, noise, self.graph, alpha, beta, self.network)
 
     def position(self, state):
-        return dula.position(state)
+        return dula.position(state, self.network)
 
     def statistics(self, state):
         stats = {"consensus_error": self.network.dispersion(state.clients)}

@@ -103,6 +103,7 @@ class FaldKernel(FederatedKernel):
         gradient_mode: str = "auto",
         thinning: int | None = None,
         chunk_size: int = 64,
+        network=None,
     ):
         super().__init__(
             model,
@@ -116,6 +117,7 @@ class FaldKernel(FederatedKernel):
             gradient_mode=gradient_mode,
             thinning=thinning,
             chunk_size=chunk_size,
+            network=network,
         )
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)

@@ -10,8 +10,8 @@ import torch
 
 from ..algorithms import adaptation, qlsd
 from ..algorithms.mode import MODE_TOLERANCE
+from ..network.base import BITS_PER_FLOAT
 from ..network.compression import compressor
-from ..network.in_process import BITS_PER_FLOAT
 from . import warmup
 from .arguments import check_positive_int, check_probability
 from .base import FederatedKernel
@@ -268,7 +268,9 @@ class QlsdKernel(FederatedKernel):
         active = torch.rand(estimates.shape[:-1], generator=generator).to(mode.device) < self.participation
         memory = full.expand_as(estimates) if remembers else torch.zeros_like(estimates)
         uploads = self.compressor.compress(estimates - memory, uniforms)
-        return qlsd.aggregate(uploads, active, memory)[..., None, :]  # the server's estimate: b = 1
+        return qlsd.aggregate(uploads, active, memory, self.network)[
+            ..., None, :
+        ]  # the server's estimate: b = 1
 
     def coin_statistics(self, coins):
         stats = {"active_clients": coins["active"].sum(-1)}

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .in_process import BITS_PER_FLOAT
+from .base import BITS_PER_FLOAT
 
 
 class Compressor:

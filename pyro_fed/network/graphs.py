@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .in_process import BITS_PER_FLOAT
+from .base import BITS_PER_FLOAT
 
 GRAPHS = ("ring", "complete", "star", "path", "erdos_renyi")
 

@@ -1,0 +1,131 @@
+"""The network: the one place where clients meet.
+
+An algorithm never reduces over its clients itself: every sum, average or exchange across clients is a call
+to a :class:`Network`, so that the same algorithm runs whether the clients are rows of one tensor
+(:class:`~pyro_fed.network.in_process.InProcessNetwork`) or live in other processes. Tensors carry the
+clients *held here* on their client axis, the second to last (``[..., b, d]``), after any chain dimensions;
+a result is the same on every holder.
+
+Two kinds of operation:
+
+- **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.average`, :meth:`~Network.broadcast`,
+  :meth:`~Network.average_where`, :meth:`~Network.dispersion`, :meth:`~Network.finite`,
+  :meth:`~Network.mix`): pure functions of tensors, which run inside a traced or compiled iteration and count
+  nothing;
+- **accounting**, on the host: which messages an iteration sent is decided by coins drawn ahead, so their
+  bits are counted from the coins (:meth:`~Network.record`), exactly and without waiting for the device. A
+  float on the wire costs :data:`BITS_PER_FLOAT` bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+BITS_PER_FLOAT = 32
+
+
+class Network:
+    """What every network provides; subclasses implement the tensor operations.
+
+    A kernel hands its network the run's sizes with :meth:`attach` at set-up, before any call. Counters, per
+    chain (NumPy integer arrays, so that reading them never waits for the device):
+
+    - ``uploaded_bits``: bits sent by clients to the server (or to their neighbours), summed over clients;
+    - ``downloaded_bits``: bits received by clients, summed over clients;
+    - ``rounds``: communication rounds (FALD: averaging rounds of the iterates; QLSD: iterations with at
+      least one active client; D-ULA: exchanges with the neighbours).
+    """
+
+    num_clients: int  #: all clients, wherever they are held
+    dim: int  #: floats in one message (the parameter dimension ``d``)
+
+    def attach(self, num_clients: int, dim: int, num_chains: int = 1) -> Network:
+        """Size the network for a run of ``num_chains`` chains of ``num_clients`` clients exchanging ``dim``
+        floats, with its counters at zero; returns the network."""
+        self.num_clients, self.dim = int(num_clients), int(dim)
+        self.uploaded_bits = np.zeros(num_chains, dtype=np.int64)
+        self.downloaded_bits = np.zeros(num_chains, dtype=np.int64)
+        self.rounds = np.zeros(num_chains, dtype=np.int64)
+        return self
+
+    # ------------------------------------------------------------- tensors
+    def sum(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """The sum over all clients of ``values``, whose axis ``dim`` holds the clients (``-2`` for
+        ``[..., b, d]`` vectors, ``-1`` for ``[..., b]`` scalars)."""
+        raise NotImplementedError
+
+    def average(self, uploads: torch.Tensor) -> torch.Tensor:
+        """Every client uploads its row of ``uploads`` (``[..., b, d]``); the server's mean ``[..., d]``."""
+        raise NotImplementedError
+
+    def broadcast(self, value: torch.Tensor, num_clients: int) -> torch.Tensor:
+        """The server sends ``value`` (``[..., d]``) to the ``num_clients`` clients held here: their copies
+        ``[..., b, d]``."""
+        return value.unsqueeze(-2).expand(*value.shape[:-1], num_clients, value.shape[-1])
+
+    def average_where(self, communicate: torch.Tensor, clients: torch.Tensor) -> torch.Tensor:
+        """Clients of the chains whose coin ``communicate`` (``[C]``, boolean) is set are replaced by their
+        average; the others keep their iterates. A select, not a branch: the compiled iteration is the same
+        whatever the coins."""
+        averaged = self.broadcast(self.average(clients), clients.shape[-2])
+        return torch.where(communicate[:, None, None], averaged, clients)
+
+    def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
+        r""":math:`V = \frac1b \sum_i \|X^i - \bar X\|^2` per chain: how far the clients are from their
+        average (FALD's ``dispersion``, D-ULA's ``consensus_error``)."""
+        centred = clients - self.average(clients).unsqueeze(-2)
+        return self.average(centred.square().sum(-1, keepdim=True))[..., 0]
+
+    def finite(self, tensors) -> torch.Tensor:
+        """``[C]``: whether every entry of every tensor of a state (``[C, ...]`` each, clients' or the
+        server's) is finite, for each chain, over all clients."""
+        raise NotImplementedError
+
+    def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
+        """One round of neighbour exchange over ``graph`` (:meth:`~pyro_fed.network.graphs.Graph.mix`):
+        each agent of ``agents`` (``[..., n, d]``) moves toward its neighbours by ``consensus_size``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- accounting
+    def averages_traffic(self, averaged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bits of ``averaged`` (``[K, C]``) rounds of averaging ``d`` floats: every client uploads its
+        vector and downloads the average. ``(uploaded, downloaded)``, each ``[K, C]``."""
+        bits = np.asarray(averaged, np.int64) * BITS_PER_FLOAT * self.dim * self.num_clients
+        return bits, bits
+
+    def record_averages(self, count: int, *, shared: bool = False) -> None:
+        """Count ``count`` averages of ``d`` floats made outside the iterations (set-up work: a mode search,
+        curvatures, a first refresh); they are not rounds of the iterates. Work done for each chain (its
+        first refresh) is counted on every chain; ``shared`` work, done once for all of them (the warm-up's
+        adaptation, a mode search), on the first chain only, so that the chains' counts add up to what the
+        run sent."""
+        chains = len(self.uploaded_bits)
+        counts = np.zeros((1, chains), dtype=np.int64)
+        counts[0, : 1 if shared else chains] = count
+        self.record(*self.averages_traffic(counts), np.zeros((1, chains), dtype=bool))
+
+    def record(
+        self, uploaded: np.ndarray, downloaded: np.ndarray, rounds: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Count the messages of a chunk of iterations.
+
+        :param uploaded: ``[K, C]`` bits each iteration of each chain uploaded (summed over clients).
+        :param downloaded: ``[K, C]`` bits each iteration of each chain downloaded (summed over clients).
+        :param rounds: ``[K, C]`` whether each iteration was a communication round.
+        :returns: ``[K, C]`` cumulative uploaded bits, downloaded bits and rounds per chain after each
+            iteration.
+        """
+        totals = []
+        for name, counts in (
+            ("uploaded_bits", uploaded),
+            ("downloaded_bits", downloaded),
+            ("rounds", rounds),
+        ):
+            cumulative = getattr(self, name) + np.cumsum(
+                np.rint(np.asarray(counts, np.float64)).astype(np.int64), 0
+            )
+            if len(cumulative):
+                setattr(self, name, cumulative[-1].copy())
+            totals.append(cumulative)
+        return tuple(totals)

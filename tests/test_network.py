@@ -1,0 +1,111 @@
+"""The network is where the iterations' clients meet: a network passed as ``network=`` sees the
+iterations' reductions over the clients, and one that holds the clients in two halves (as two processes
+would, each reducing its own and combining) gives the in-process draws to rounding."""
+
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, SgldKernel, VrFaldKernel
+from pyro_fed.network.in_process import InProcessNetwork
+
+from .models import logistic_model, regression_data
+
+NUM_CLIENTS = 6
+
+
+class RecordingNetwork(InProcessNetwork):
+    """The in-process network, noting which operation each call was (at tracing: once per prepared
+    iteration; eager: every iteration)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = set()
+
+    def __getattribute__(self, name):
+        if name in ("sum", "average", "average_where", "dispersion", "finite", "mix"):
+            object.__getattribute__(self, "calls").add(name)
+        return object.__getattribute__(self, name)
+
+
+class HalvesNetwork(InProcessNetwork):
+    """The clients held in two halves: every reduction is each half's, combined, as two processes holding
+    half the clients each would compute it; the neighbour exchange reads the neighbours' rows."""
+
+    def _halves(self, values, dim):
+        half = self.num_clients // 2
+        return values.narrow(dim, 0, half), values.narrow(dim, half, values.shape[dim] - half)
+
+    def sum(self, values, dim=-2):
+        first, second = self._halves(values, dim)
+        return first.sum(dim) + second.sum(dim)
+
+    def average(self, uploads):
+        return self.sum(uploads) / self.num_clients
+
+    def finite(self, tensors):
+        valid = True
+        for t in tensors:
+            held = t.dim() >= 3 and t.shape[-2] == self.num_clients  # the clients' rows, else the server's
+            parts = self._halves(t, -2) if held else (t,)
+            for part in parts:
+                valid = valid & part.flatten(1).sum(1).isfinite()
+        return valid
+
+    def mix(self, graph, agents, consensus_size):
+        laplacian = graph.laplacian.to(agents)
+        half = self.num_clients // 2
+        rows = (slice(0, half), slice(half, None))
+        return torch.cat([agents[..., r, :] - consensus_size * (laplacian[r] @ agents) for r in rows], -2)
+
+
+KERNELS = {
+    "FALD": (
+        lambda **kw: FaldKernel(logistic_model, NUM_CLIENTS, comm_prob=0.5, batch_size=4, **kw),
+        {"average", "finite", "dispersion"},
+    ),
+    "VR-FALD*": (
+        lambda **kw: VrFaldKernel(logistic_model, NUM_CLIENTS, batch_size=4, refresh_prob=0.2, **kw),
+        {"average", "finite", "dispersion"},
+    ),
+    "QLSD++": (
+        lambda **kw: QlsdKernel(
+            logistic_model, NUM_CLIENTS, control_variate="svrg", batch_size=4, snapshot_every=5, **kw
+        ),
+        {"sum", "finite"},
+    ),
+    "D-ULA": (lambda **kw: DulaKernel(logistic_model, NUM_CLIENTS, **kw), {"mix", "average", "finite"}),
+    "SGLD": (lambda **kw: SgldKernel(logistic_model, batch_size=4, **kw), {"average", "finite"}),
+}
+
+
+def draws(name, network=None, gradient_mode="traced"):
+    make, _ = KERNELS[name]
+    kernel = make(step_size=0.01, gradient_mode=gradient_mode, network=network)
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, num_chains=2, disable_progbar=True)
+    torch.manual_seed(0)
+    mcmc.run(*regression_data(num_data=60, dim=3))
+    return mcmc.get_samples(group_by_chain=True)["w"], kernel
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_iterations_meet_through_the_given_network(name):
+    network = RecordingNetwork()
+    _, kernel = draws(name, network)
+    assert kernel.network is network
+    assert KERNELS[name][1] <= network.calls, network.calls
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_clients_held_in_two_halves_give_the_in_process_draws(name):
+    # the same ops reassociated (the halves' sums added): equal to float64 rounding, many orders below
+    # the draws' own scale of 0.1-1
+    in_process, _ = draws(name)
+    halves, kernel = draws(name, HalvesNetwork())
+    assert isinstance(kernel.network, HalvesNetwork)
+    torch.testing.assert_close(halves, in_process, rtol=1e-10, atol=1e-10)
+
+
+def test_a_network_that_is_not_one_is_refused():
+    with pytest.raises(TypeError, match="network must be a pyro_fed.network.base.Network"):
+        FaldKernel(logistic_model, 4, network="gloo")
