@@ -1,8 +1,8 @@
 """pyro_fed: federated Langevin samplers as Pyro MCMC kernels, with ArviZ output.
 
-The package's folders are its layers, each importing only those below it: :mod:`~pyro_fed.engine.chunk_engine`
+The package's folders are its layers, each importing only those below it: :mod:`~pyro_fed.engine`
 (randomness, compiled iterations, draws), :mod:`~pyro_fed.data` (clients and minibatches),
-:mod:`~pyro_fed.model` (the Pyro model split into clients), :mod:`~pyro_fed.network` (where clients meet),
+:mod:`~pyro_fed.network` (where clients meet), :mod:`~pyro_fed.model` (the Pyro model split into clients),
 :mod:`~pyro_fed.algorithms` (pure tensor code of the papers' algorithms and of the warm-up's rules),
 :mod:`~pyro_fed.kernels` (the Pyro ``MCMCKernel`` adapters) and :mod:`~pyro_fed.output` (ArviZ, metrics).
 """

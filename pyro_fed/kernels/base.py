@@ -233,7 +233,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         raise NotImplementedError
 
     # ------------------------------------------------------- Pyro MCMCKernel
-    def build_potential(self, *args, **kwargs) -> FederatedPotential:
+    def build_potential(self, *args, network: Network | None = None, **kwargs) -> FederatedPotential:
         """The model's split into client potentials for these model arguments (no randomness drawn but
         the init strategy's)."""
         return FederatedPotential(
@@ -245,6 +245,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             prior_weights=self.prior_weights,
             init_strategy=self.init_strategy or init_to_median,
             gradient_mode=self.gradient_mode,
+            network=network,
         )
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
@@ -254,14 +255,15 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             return
         self._warmup_steps = warmup_steps
         self._convergence = None
-        self.potential = pot = self.build_potential(*args, **kwargs)
+        network = self._network or InProcessNetwork()
+        self.potential = pot = self.build_potential(*args, network=network, **kwargs)
         self._model_inputs = inputs_signature(args, kwargs)
         check_batch_size_fits(self.batch_size, pot.client_sizes)
         num_chains = self.plan.num_chains
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
         seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
         self.rng = Randomness(seed, pot.device)
-        self.network = (self._network or InProcessNetwork()).attach(pot.num_clients, pot.dim, num_chains)
+        self.network = network.attach(pot.num_clients, pot.dim, num_chains)
         self._chain, self._served, self._computed = 0, 0, 0
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)

@@ -32,6 +32,8 @@ from pyro.infer.autoguide.initialization import init_to_median
 
 from ..data.partition import to_index_lists
 from ..engine.compile import Prepared, check_mode, prepare
+from ..network.base import Network
+from ..network.in_process import InProcessNetwork
 from . import predictive
 from .gradients import ClientBatches, ClientGradients, make_prior_weights, pad_batches
 from .sites import ModelSites
@@ -78,8 +80,11 @@ class FederatedPotential:
         prior_weights: str | torch.Tensor = "proportional",
         init_strategy: Callable = init_to_median,
         gradient_mode: str = "auto",
+        network: Network | None = None,
     ):
         self.model = model
+        #: where the clients' potentials and gradients are summed (:class:`~pyro_fed.network.base.Network`)
+        self.network = network or InProcessNetwork()
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.gradient_mode = check_mode(gradient_mode)
@@ -148,7 +153,7 @@ class FederatedPotential:
 
     # ------------------------------------------------------------ gradients
     def batches(self, indices: Sequence[torch.Tensor]) -> ClientBatches:
-        """Pad one index tensor per client into a :class:`ClientBatches` with weights ``N_i / n_i``."""
+        """Pad one index tensor per client into a :class:`~pyro_fed.model.gradients.ClientBatches` with weights ``N_i / n_i``."""
         return pad_batches(indices, self.client_sizes, self.dtype)
 
     def client_grads(self, points: torch.Tensor, batches: ClientBatches) -> torch.Tensor:
@@ -189,13 +194,14 @@ class FederatedPotential:
     def total_potentials(self, points: torch.Tensor) -> torch.Tensor:
         """:math:`U` at each of ``m`` points ``[m, d]``: ``[m]``."""
         clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
-        return self.gradients.full_potential_fn(clients).sum(-1) + self.server_prior(points, gradient=False)
+        potentials = self.network.sum(self.gradients.full_potential_fn(clients), -1)
+        return potentials + self.server_prior(points, gradient=False)
 
     def total_gradient(self, points: torch.Tensor) -> torch.Tensor:
         """:math:`\\nabla U` at each of ``m`` points ``[m, d]`` (untraced, differentiable by
         :func:`torch.func.jvp`): ``[m, d]``."""
         clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
-        return self.full_gradient_fn(clients).sum(1) + self.server_prior(points, gradient=True)
+        return self.network.sum(self.full_gradient_fn(clients)) + self.server_prior(points, gradient=True)
 
     def server_prior(self, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
         """The server's share of the potential at ``m`` points ``[m, d]``: :math:`U^0` (``[m]``) or its

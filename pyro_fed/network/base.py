@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+#: bits of one float on the wire
 BITS_PER_FLOAT = 32
 
 

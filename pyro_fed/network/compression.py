@@ -28,6 +28,8 @@ class Compressor:
     random = False
 
     def compress(self, v: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+        """The message sent for the vectors ``v`` (``[..., d]``), given ``uniforms`` of the same shape when
+        :attr:`random`."""
         return v
 
     def bits(self, dim: int) -> float:
