@@ -15,8 +15,9 @@ Everything below is computed once, before the chains start, from what a federate
 client gradients, Hessian-vector products of each client's own potential, and averages across clients —
 never from the pooled data:
 
-1. the **mode** :math:`\hat x` of :math:`U = \sum_i U^i` by L-BFGS (:func:`~pyro_fed.kernels.warmup.find_mode`: every evaluation is one
-   round in which each client uploads its gradient and potential);
+1. the **mode** :math:`\hat x` of :math:`U = \sum_i U^i` by L-BFGS
+   (:func:`~pyro_fed.kernels.warmup.find_mode`: every evaluation is one round in which each client uploads
+   its gradient and potential);
 2. each client's **Hessian** at the mode by forward-over-reverse differentiation (:func:`client_hessians`,
    :math:`d` Hessian-vector products), summed by the server into :math:`H = \nabla^2 U(\hat x)`. The
    *diagonal* preconditioner is :math:`m_k = 1 / |H_{kk}|` (:func:`preconditioner`), the Laplace

@@ -31,8 +31,8 @@ class FaldKernel(FederatedKernel):
     :math:`X^i_k - \gamma\, m \odot \hat\nabla U^i + \sqrt{2\gamma m} \odot Z^i_{k+1}`: FALD in the
     coordinates :math:`x / \sqrt m` (see :mod:`pyro_fed.algorithms.adaptation`).
 
-    Each :meth:`~pyro_fed.FederatedKernel.sample` call returns the client average :math:`\bar X_k` after one iteration (``thinning``
-    iterations with ``thinning > 1``); the iterations run a chunk at a time (see
+    Each :meth:`~pyro_fed.FederatedKernel.sample` call returns the client average :math:`\bar X_k` after one
+    iteration (``thinning`` iterations with ``thinning > 1``); the iterations run a chunk at a time (see
     :class:`~pyro_fed.FederatedKernel`), and ``MCMC(kernel, num_chains=C)`` runs ``C`` chains as one batch. At
     consensus the average follows Langevin dynamics with step :math:`\gamma/b` on the full potential
     :math:`U`, so a centralised SGLD step :math:`h` corresponds to ``step_size = b * h``. With

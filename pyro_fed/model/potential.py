@@ -153,7 +153,8 @@ class FederatedPotential:
 
     # ------------------------------------------------------------ gradients
     def batches(self, indices: Sequence[torch.Tensor]) -> ClientBatches:
-        """Pad one index tensor per client into a :class:`~pyro_fed.model.gradients.ClientBatches` with weights ``N_i / n_i``."""
+        """Pad one index tensor per client into a :class:`~pyro_fed.model.gradients.ClientBatches` with
+        weights ``N_i / n_i``."""
         return pad_batches(indices, self.client_sizes, self.dtype)
 
     def client_grads(self, points: torch.Tensor, batches: ClientBatches) -> torch.Tensor:

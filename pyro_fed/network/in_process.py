@@ -18,7 +18,8 @@ class InProcessNetwork(Network):
     """All ``b`` clients of ``num_chains`` independent chains in one process; counts the bits a real network
     would carry, per chain.
 
-    :param int num_clients: number of clients ``b`` (else given by :meth:`~pyro_fed.network.base.Network.attach` at set-up).
+    :param int num_clients: number of clients ``b`` (else given by
+        :meth:`~pyro_fed.network.base.Network.attach` at set-up).
     :param int dim: number of floats in one message (the parameter dimension ``d``).
     :param int num_chains: number of independent chains simulated together.
     """
