@@ -275,11 +275,7 @@ def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:
     """The mode of the potential ``pot`` by L-BFGS from ``start``
     (:func:`~pyro_fed.algorithms.mode.find_mode`: each evaluation is a round of uploads of every client's
     gradient and potential)."""
-
-    def gradient(x: torch.Tensor) -> torch.Tensor:
-        return pot.full_client_grads(x).sum(0) + pot.server_prior(x[None], gradient=True)[0]
-
-    return mode_search.find_mode(pot.potential, gradient, start, **options)
+    return mode_search.find_mode(pot.potential, pot.gradient, start, **options)
 
 
 def _minibatch_gradients(kernel, seed: int, batch: int | float | None):

@@ -192,6 +192,13 @@ class FederatedPotential:
         the server holds the prior)."""
         return self.total_potentials(point[None])[0]
 
+    def gradient(self, point: torch.Tensor) -> torch.Tensor:
+        """:math:`\\nabla U` at one point ``[d]``, from the clients' prepared full gradients (traced or
+        compiled, see :meth:`full_client_grads`; :meth:`total_gradient` is the differentiable one)."""
+        return (
+            self.network.sum(self.full_client_grads(point)) + self.server_prior(point[None], gradient=True)[0]
+        )
+
     def total_potentials(self, points: torch.Tensor) -> torch.Tensor:
         """:math:`U` at each of ``m`` points ``[m, d]``: ``[m]``."""
         clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
