@@ -182,6 +182,10 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     #: its own (FALD): the warm-up then chooses the step for the stiffness of the sum of the clients'
     #: potentials, and the prior may stay on the server (``prior_weights="server"``)
     server_step: bool = False
+    #: statistics that hold every client's iterate (``[draws, b, d]`` per chain), not a number per draw, with
+    #: the name of their client dimension: :func:`~pyro_fed.to_inference_data` gives each an ArviZ group of
+    #: its own, named after it
+    client_iterates: dict[str, str] = {}
 
     def init_state(self, positions: torch.Tensor):
         """The algorithm's initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""

@@ -18,8 +18,6 @@ CONSENSUS_MEAN_TARGET = 0.1
 #: antithetic pairs of disagreement draws at each typical point, and steps tried at most, for the drift
 #: that the agents' disagreement causes (see ``DulaKernel._within_disagreement``)
 DISAGREEMENT_PAIRS, DISAGREEMENT_CHECKS = 16, 12
-#: the ``sample_stats`` entry of the agents' iterates (``record_agents=True``), ``[draws, n, d]`` per chain
-AGENTS = "agents"
 
 
 class DulaKernel(FederatedKernel):
@@ -72,6 +70,7 @@ class DulaKernel(FederatedKernel):
     """
 
     state_type = dula.DulaState
+    client_iterates = {"agents": "agent"}  # record_agents=True
     #: the schedules of the steps
     SCHEDULES = ("constant", "decaying")
     #: the decaying schedule's defaults: (step_decay, consensus_decay, step_offset)
@@ -172,7 +171,7 @@ class DulaKernel(FederatedKernel):
     def statistics(self, state):
         stats = {"consensus_error": self.network.dispersion(state.clients)}
         if self.record_agents:
-            stats[AGENTS] = state.clients
+            stats["agents"] = state.clients
         return stats
 
     def traffic(self, coins):

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from ..kernels.base import FederatedKernel
-from ..kernels.dula import AGENTS
 from ..model.potential import FederatedPotential
 
 if TYPE_CHECKING:
@@ -44,15 +43,15 @@ def _potential(mcmc) -> FederatedPotential:
     return FederatedPotential(kernel.model, mcmc._args, mcmc._kwargs, clients=1, gradient_mode="eager")
 
 
-def _agents_group(potential: FederatedPotential, flat: np.ndarray) -> xr.Dataset:
-    """The agents' unconstrained iterates ``[C, D, n, d]``, constrained: one variable per site, with dims
-    ``chain, draw, agent`` and ArviZ's default names for the site's own."""
+def _client_group(potential: FederatedPotential, flat: np.ndarray, client_dim: str) -> xr.Dataset:
+    """The clients' unconstrained iterates ``[C, D, n, d]``, constrained: one variable per site, with dims
+    ``chain, draw, client_dim`` and ArviZ's default names for the site's own."""
     import xarray as xr
 
     unconstrained = potential.unconstrained_params(torch.as_tensor(flat))
     variables = {}
     for site in potential.latent_sites:
-        dims = ("chain", "draw", "agent", *(f"{site.name}_dim_{i}" for i in range(len(site.shape))))
+        dims = ("chain", "draw", client_dim, *(f"{site.name}_dim_{i}" for i in range(len(site.shape))))
         variables[site.name] = (dims, potential.transforms[site.name].inv(unconstrained[site.name]).numpy())
     return xr.Dataset(variables)
 
@@ -120,7 +119,9 @@ def to_inference_data(
     num_chains = next(iter(samples.values())).shape[0]
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
     groups = {"posterior": _numpy(samples), "sample_stats": _sample_stats(mcmc, num_chains)}
-    agents = groups["sample_stats"].pop(AGENTS, None)  # D-ULA's record_agents: a group of its own
+    # statistics holding every client's iterate (D-ULA's record_agents): a group of their own
+    iterates = getattr(mcmc.kernel, "client_iterates", {})
+    clients = {name: groups["sample_stats"].pop(name) for name in iterates if name in groups["sample_stats"]}
     if log_likelihood:
         groups["log_likelihood"] = _by_chain(
             potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains
@@ -155,12 +156,12 @@ def to_inference_data(
         data = az.from_dict(groups, coords=coords, dims=data_dims)
     else:
         data = az.from_dict(**groups, coords=coords, dims=data_dims, library=__import__("pyro"))
-    if agents is not None:
-        group = _agents_group(potential, agents)
+    for name, flat in clients.items():
+        group = _client_group(potential, flat, iterates[name])
         if arviz_1:
-            data[AGENTS] = xr.DataTree(group)
+            data[name] = xr.DataTree(group)
         else:
-            data.add_groups({AGENTS: group}, warn_on_custom_groups=False)
+            data.add_groups({name: group}, warn_on_custom_groups=False)
     return data
 
 
