@@ -175,9 +175,7 @@ class DulaKernel(FederatedKernel):
         return stats
 
     def traffic(self, coins):
-        bits = np.ones_like(coins["iteration"]) * self.graph.exchange_bits(self.potential.dim)
-        # every iteration is a round of neighbour exchanges, unless there are no edges (SGLD's one agent)
-        return bits, bits, bits > 0
+        return self.network.exchange_traffic(self.graph, coins["iteration"])
 
     def chosen_step(self, client_step: float) -> float:
         """:math:`a` such that the first step :math:`\\alpha_0 = a / (k_0 + 1)^{\\delta_2}` is

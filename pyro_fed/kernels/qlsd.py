@@ -10,7 +10,6 @@ import torch
 
 from ..algorithms import adaptation, qlsd
 from ..algorithms.mode import MODE_TOLERANCE
-from ..network.base import BITS_PER_FLOAT
 from ..network.compression import compressor
 from . import warmup
 from .arguments import check_positive_int, check_probability
@@ -234,13 +233,9 @@ class QlsdKernel(FederatedKernel):
         return snapshot
 
     def traffic(self, coins):
-        pot = self.potential
-        active = coins["active"].sum(-1)
-        uploaded = active * self.compressor.bits(pot.dim)
-        downloaded = active * BITS_PER_FLOAT * pot.dim
-        if "snapshot" in coins:  # theta to every client
-            downloaded = downloaded + coins["snapshot"] * BITS_PER_FLOAT * pot.dim * pot.num_clients
-        return uploaded, downloaded, active > 0
+        # a snapshot sends theta to every client
+        message = self.compressor.bits(self.potential.dim)
+        return self.network.server_traffic(coins["active"].sum(-1), message, coins.get("snapshot"))
 
     def random_at_full_batch(self) -> bool:
         return self.compressor.random or self.participation < 1
