@@ -15,6 +15,7 @@ from pyro_fed import FaldKernel, VrFaldKernel
 from pyro_fed.algorithms import adaptation, convergence
 from pyro_fed.algorithms.mode import find_mode
 from pyro_fed.model.potential import FederatedPotential
+from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import (
     GaussianClients,
     batch_means_standard_error,
@@ -24,6 +25,8 @@ from pyro_fed.testing import (
 )
 
 from .models import gaussian_regression
+
+IN_PROCESS = InProcessNetwork()  # every client in this process: the sums over clients are the tensors'
 
 NOISE_SD = 0.5
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
@@ -111,7 +114,9 @@ def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
     distance = float((mode - mean) @ torch.linalg.solve(covariance, mode - mean)) ** 0.5
     assert search.converged and search.decrement <= 0.1 and search.evaluations < 30
     assert distance <= 0.1
-    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, pot.num_clients, total=True)
+    diagonals, hessian = adaptation.client_hessians(
+        pot.full_gradient_fn, mode, pot.num_clients, IN_PROCESS, total=True
+    )
     torch.testing.assert_close(diagonals, exact.precisions.diagonal(dim1=-2, dim2=-1), rtol=1e-10, atol=0)
     torch.testing.assert_close(hessian, exact.precisions.sum(0), rtol=1e-10, atol=0)
     for inverse_mass in (
@@ -191,13 +196,17 @@ def test_preconditioner_floor_step_size_and_noise_formulas():
     at_one_point = torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[-1.0, 0.0], [0.0, -2.0]]])  # [R=2, b=2, d=2]
     # variances over R summed over clients: [2, 8]; times m = [1, 0.5]: max 4
     root = torch.tensor([1.0, 0.5]).sqrt()
-    assert adaptation.gradient_noise(at_one_point[:, None], root) == pytest.approx(4.0)
+    assert adaptation.gradient_noise(
+        adaptation.noise_profile(at_one_point[:, None], root), IN_PROCESS
+    ) == pytest.approx(4.0)
     # a second point with twice the spread (variances [8, 32]): averaged over the points, [5, 20] * m: max 10
     draws = torch.stack([at_one_point, 2 * at_one_point], 1)  # [R=2, P=2, b=2, d=2]
-    assert adaptation.gradient_noise(draws, root) == pytest.approx(10.0)
+    assert adaptation.gradient_noise(adaptation.noise_profile(draws, root), IN_PROCESS) == pytest.approx(10.0)
     # a dense root: the variances of the whitened draws, v @ R = ((v0 + v1) / sqrt 2) (1, 1): 1 + 4 = 5
     dense_root = torch.ones(2, 2) / 2**0.5
-    assert adaptation.gradient_noise(at_one_point[:, None], dense_root) == pytest.approx(5.0)
+    assert adaptation.gradient_noise(
+        adaptation.noise_profile(at_one_point[:, None], dense_root), IN_PROCESS
+    ) == pytest.approx(5.0)
 
 
 STIFF = 50.0  # the quartic pilot's curvature at its mode
@@ -539,10 +548,12 @@ def test_the_minibatch_noise_is_predicted_for_every_size_by_sampling_without_rep
     variance = lambda n: 40**2 * (1 / n - 1 / 40) * 2.0  # noqa: E731  (S^2 = 2)
     probe = torch.tensor([[variance(4)]])
     for n in (4, 20, 40):
-        assert adaptation.batch_noise(torch.zeros(1, 1), probe, sizes, 4, n) == pytest.approx(variance(n))
-    assert adaptation.batch_noise(torch.full((1, 1), 3.0), probe + 3.0, sizes, 4, 20) == pytest.approx(
-        variance(20) + 3.0
-    )
+        assert adaptation.batch_noise(
+            torch.zeros(1, 1), probe, sizes, 4, n, network=IN_PROCESS
+        ) == pytest.approx(variance(n))
+    assert adaptation.batch_noise(
+        torch.full((1, 1), 3.0), probe + 3.0, sizes, 4, 20, network=IN_PROCESS
+    ) == pytest.approx(variance(20) + 3.0)
     # several clients: each scales with its own size; the noise is the largest coordinate's sum over them
     sizes = torch.tensor([10, 100])
     probe = torch.tensor([[1.0, 5.0], [2.0, 1.0]])  # [b, d] at n = 5
@@ -551,25 +562,41 @@ def test_the_minibatch_noise_is_predicted_for_every_size_by_sampling_without_rep
         1.0 * factor(8, 10) / factor(5, 10) + 2.0 * factor(8, 100) / factor(5, 100),
         5.0 * factor(8, 10) / factor(5, 10) + 1.0 * factor(8, 100) / factor(5, 100),
     )
-    assert adaptation.batch_noise(torch.zeros(2, 2), probe, sizes, 5, 8) == pytest.approx(expected)
+    assert adaptation.batch_noise(torch.zeros(2, 2), probe, sizes, 5, 8, network=IN_PROCESS) == pytest.approx(
+        expected
+    )
 
 
 def test_the_automatic_minibatch_is_the_smallest_within_its_share_of_the_noise():
     sizes = torch.full((10,), 1000)
     probe = torch.full((10, 3), 1.0)  # at n = 16, each client's variance 1 in every coordinate
     for allowed in (0.5, 2.0, 8.0):
-        n = adaptation.choose_batch_size(torch.zeros_like(probe), probe, sizes, 16, allowed, evaluations=1)
-        noise = adaptation.batch_noise(torch.zeros_like(probe), probe, sizes, 16, n)
-        assert noise <= allowed < adaptation.batch_noise(torch.zeros_like(probe), probe, sizes, 16, n - 1)
+        n = adaptation.choose_batch_size(
+            torch.zeros_like(probe), probe, sizes, 16, allowed, evaluations=1, network=IN_PROCESS
+        )
+        noise = adaptation.batch_noise(torch.zeros_like(probe), probe, sizes, 16, n, network=IN_PROCESS)
+        assert (
+            noise
+            <= allowed
+            < adaptation.batch_noise(torch.zeros_like(probe), probe, sizes, 16, n - 1, network=IN_PROCESS)
+        )
     # a minibatch that would read more than half the data is not worth its noise: full local batches
     assert (
-        adaptation.choose_batch_size(torch.zeros_like(probe), probe, sizes, 16, 1e-3, evaluations=1) is None
+        adaptation.choose_batch_size(
+            torch.zeros_like(probe), probe, sizes, 16, 1e-3, evaluations=1, network=IN_PROCESS
+        )
+        is None
     )
     # two evaluations per datum (control variates) halve the size at which that happens
-    n = adaptation.choose_batch_size(torch.zeros_like(probe), probe, sizes, 16, 0.38, evaluations=1)
+    n = adaptation.choose_batch_size(
+        torch.zeros_like(probe), probe, sizes, 16, 0.38, evaluations=1, network=IN_PROCESS
+    )
     assert 250 < n <= 500
     assert (
-        adaptation.choose_batch_size(torch.zeros_like(probe), probe, sizes, 16, 0.38, evaluations=2) is None
+        adaptation.choose_batch_size(
+            torch.zeros_like(probe), probe, sizes, 16, 0.38, evaluations=2, network=IN_PROCESS
+        )
+        is None
     )
 
 

@@ -23,7 +23,7 @@ class RecordingNetwork(InProcessNetwork):
         self.calls = set()
 
     def __getattribute__(self, name):
-        if name in ("sum", "average", "average_where", "dispersion", "finite", "mix"):
+        if name in ("sum", "average", "average_where", "dispersion", "finite", "mix", "maximum"):
             object.__getattribute__(self, "calls").add(name)
         return object.__getattribute__(self, name)
 
@@ -42,6 +42,10 @@ class HalvesNetwork(InProcessNetwork):
 
     def average(self, uploads):
         return self.sum(uploads) / self.num_clients
+
+    def maximum(self, values, dim=-1):
+        first, second = self._halves(values, dim)
+        return torch.maximum(first.amax(dim), second.amax(dim))
 
     def finite(self, tensors):
         valid = True
@@ -79,9 +83,9 @@ KERNELS = {
 }
 
 
-def draws(name, network=None, gradient_mode="traced"):
+def draws(name, network=None, gradient_mode="traced", **options):
     make, _ = KERNELS[name]
-    kernel = make(step_size=0.01, gradient_mode=gradient_mode, network=network)
+    kernel = make(gradient_mode=gradient_mode, network=network, **({"step_size": 0.01} | options))
     mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, num_chains=2, disable_progbar=True)
     torch.manual_seed(0)
     mcmc.run(*regression_data(num_data=60, dim=3))
@@ -104,6 +108,20 @@ def test_clients_held_in_two_halves_give_the_in_process_draws(name):
     halves, kernel = draws(name, HalvesNetwork())
     assert isinstance(kernel.network, HalvesNetwork)
     torch.testing.assert_close(halves, in_process, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["FALD", "QLSD++"])
+def test_the_warm_up_sums_over_clients_through_the_network(name):
+    # the automatic step, preconditioner, minibatch and thinning: the mode search, the Hessians, the
+    # stiffness and the noise reduce over the clients through the network, to the same choice and draws
+    network = RecordingNetwork()
+    in_process, kernel = draws(name, network, step_size=None)
+    # FALD's clients step on their own: the largest of their stiffnesses; QLSD's server on the sum
+    assert ({"sum", "maximum"} if name == "FALD" else {"sum"}) <= network.calls
+    assert kernel.adaptation is not None
+    halves, halved = draws(name, HalvesNetwork(), step_size=None)
+    assert halved.adaptation.step_size == pytest.approx(kernel.adaptation.step_size, rel=1e-9)
+    torch.testing.assert_close(halves, in_process, rtol=1e-8, atol=1e-8)
 
 
 def test_a_network_that_is_not_one_is_refused():

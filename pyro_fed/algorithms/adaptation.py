@@ -180,6 +180,7 @@ def client_hessians(
     client_gradients: Callable[[torch.Tensor], torch.Tensor],
     point: torch.Tensor,
     num_clients: int,
+    network,
     *,
     total: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -190,6 +191,7 @@ def client_hessians(
 
     :param client_gradients: the clients' full gradients, points ``[m, b, d]`` -> ``[m, b, d]``,
         differentiable by :func:`torch.func.jvp`.
+    :param network: the :class:`~pyro_fed.network.base.Network` that sums the clients' Hessians.
     """
     d = point.shape[-1]
     eye = torch.eye(d, dtype=point.dtype, device=point.device)
@@ -199,7 +201,7 @@ def client_hessians(
         products = _hvp(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
         diagonals.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
         if total:
-            rows.append(products.sum(1))  # [m, d]: rows k of the summed Hessian
+            rows.append(network.sum(products))  # [m, d]: rows k of the summed Hessian
     hessian = None
     if total:
         hessian = torch.cat(rows)
@@ -441,11 +443,12 @@ def noise_profile(draws: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
     return whiten(root, draws).var(0).mean(0)
 
 
-def gradient_noise(draws: torch.Tensor, root: torch.Tensor) -> float:
+def gradient_noise(profile: torch.Tensor, network) -> float:
     r""":math:`\max_k \bar V_k`, :math:`V_k` the variance of the sum over clients of their gradient estimates
     (the clients' minibatches are independent) in the preconditioned coordinates and :math:`\bar V_k` its
-    average over the points (``draws`` and ``root`` as in :func:`noise_profile`)."""
-    return float(noise_profile(draws, root).sum(0).max())
+    average over the points, from the clients' :func:`noise_profile` (``[b, d]``, summed by the ``network``;
+    one row: a server's estimate, already the sum)."""
+    return float((network.sum(profile) if profile.shape[0] > 1 else profile[0]).max())
 
 
 def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool) -> torch.Tensor:
@@ -459,7 +462,7 @@ def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool)
 
 
 def batch_noise(
-    full: torch.Tensor, probe: torch.Tensor, client_sizes: torch.Tensor, probe_batch: int, batch: int
+    full: torch.Tensor, probe: torch.Tensor, client_sizes: torch.Tensor, probe_batch: int, batch: int, network
 ) -> float:
     r"""The gradient noise :math:`\max_k \sum_i V_{ik}(n)` (as :func:`gradient_noise`) predicted at
     minibatch size ``batch`` from the noise profiles (:func:`noise_profile`) measured with full local batches
@@ -471,7 +474,7 @@ def batch_noise(
     at_probe = _finite_population(client_sizes, probe_batch, per_client)
     scale = _finite_population(client_sizes, batch, per_client) / at_probe.clamp_min(1e-300)
     variance = full.double() + (probe.double() - full.double()).clamp_min(0) * scale[:, None]
-    return float(variance.sum(0).max())
+    return gradient_noise(variance, network)
 
 
 def choose_batch_size(
@@ -481,6 +484,7 @@ def choose_batch_size(
     probe_batch: int,
     allowed: float,
     evaluations: int,
+    network,
 ) -> int | None:
     r"""The automatic minibatch size: the smallest :math:`n` whose noise (:func:`batch_noise`) exceeds the
     full batches' by at most ``allowed``; ``None`` (full local batches) where that :math:`n` would evaluate
@@ -488,11 +492,11 @@ def choose_batch_size(
     variates, which evaluate each datum at two points). Smaller minibatches would make the noise, not the
     stability, set the step (a step proportional to :math:`n` for a cost that barely falls with it, since an
     iteration has a fixed cost); larger ones cost more for the same step."""
-    base = batch_noise(full, probe, client_sizes, probe_batch, int(client_sizes.max()))
+    base = batch_noise(full, probe, client_sizes, probe_batch, int(client_sizes.max()), network)
     low, high = 1, int(client_sizes.max())
     while low < high:  # the noise falls as n grows
         middle = (low + high) // 2
-        if batch_noise(full, probe, client_sizes, probe_batch, middle) <= base + allowed:
+        if batch_noise(full, probe, client_sizes, probe_batch, middle, network) <= base + allowed:
             high = middle
         else:
             low = middle + 1

@@ -258,7 +258,7 @@ class DulaKernel(FederatedKernel):
         )
         offsets = adaptation.whiten(root, draws.to(points))
         agents = points[:, None, None, :] + torch.cat([offsets, -offsets])[None]  # [P, 2R, n, d]
-        summed = pot.full_client_grads(agents.reshape(-1, pot.num_clients, pot.dim)).sum(-2)
+        summed = self.network.sum(pot.full_client_grads(agents.reshape(-1, pot.num_clients, pot.dim)))
         drift = summed.reshape(len(points), -1, pot.dim).mean(1) - pot.total_gradient(points)
         return float(adaptation.whiten(root, drift.mean(0)).abs().max())
 

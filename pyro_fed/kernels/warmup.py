@@ -15,6 +15,7 @@ from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING, ModeSearch, newton_d
 from ..data.minibatch import MinibatchSampler
 from ..engine.chunk_engine import ChunkEngine
 from ..engine.randomness import Randomness
+from ..network.in_process import InProcessNetwork
 
 #: minibatches drawn per client and point to measure the gradient noise (the relative standard error of a
 #: variance from R draws is about sqrt(2 / R): 18% here)
@@ -130,7 +131,7 @@ def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients
         if batch is None and not kernel.random_at_full_batch():
             return None, 0.0, 0
         profile = _noise_profile(kernel, seed, mode, points, root, batch)
-        return batch, float(profile.sum(0).max()), 1
+        return batch, adaptation.gradient_noise(profile, pot.network), 1
     sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.client_sizes.max()))
     full = None
     if kernel.random_at_full_batch():
@@ -139,9 +140,9 @@ def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients
     full = torch.zeros_like(probed) if full is None else full
     allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
     batch = adaptation.choose_batch_size(
-        full, probed, sizes, probe, allowed, kernel.gradient_evaluations(minibatches=True)
+        full, probed, sizes, probe, allowed, kernel.gradient_evaluations(minibatches=True), pot.network
     )
-    noise = adaptation.batch_noise(full, probed, sizes, probe, batch or int(sizes.max()))
+    noise = adaptation.batch_noise(full, probed, sizes, probe, batch or int(sizes.max()), pot.network)
     return batch, noise, 1 + (kernel.random_at_full_batch() or 0)
 
 
@@ -209,17 +210,22 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
     Laplace approximation's covariance (dense when gathered, else its diagonal: the metric of the mode's
     Newton decrement) and the rounds of uploads it cost."""
     gather = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
-    diagonals, hessian = adaptation.client_hessians(pot.full_gradient_fn, mode, pot.num_clients, total=gather)
+    diagonals, hessian = adaptation.client_hessians(
+        pot.full_gradient_fn, mode, pot.num_clients, pot.network, total=gather
+    )
     # each client uploads its Hessian (d^2 floats; the server sends the dense preconditioner back), or its
     # diagonal
     rounds = pot.dim if gather else 1
-    curvature = diagonals.sum(0)
+    curvature = pot.network.sum(diagonals)
     if pot.prior_on_server:  # the server's own share of the curvature
 
         def prior_gradient(points: torch.Tensor) -> torch.Tensor:
             return pot.server_prior(points.reshape(-1, pot.dim), gradient=True).reshape(points.shape)
 
-        prior_diagonal, prior_hessian = adaptation.client_hessians(prior_gradient, mode, 1, total=gather)
+        # the server's own: not summed over clients
+        prior_diagonal, prior_hessian = adaptation.client_hessians(
+            prior_gradient, mode, 1, InProcessNetwork(), total=gather
+        )
         curvature = curvature + prior_diagonal[0]
         hessian = None if hessian is None else hessian + prior_hessian
     diagonal = adaptation.preconditioner(curvature)
@@ -258,7 +264,7 @@ def _stiffness(
     largest, _, vector = adaptation.client_stiffness(
         pot.full_gradient_fn, points, root, pot.num_clients, **options
     )
-    return float(largest.max()), pot.num_clients, 0, vector
+    return float(pot.network.maximum(largest).max()), pot.num_clients, 0, vector
 
 
 def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch.Tensor) -> torch.Tensor:

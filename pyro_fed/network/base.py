@@ -78,6 +78,11 @@ class Network:
         centred = clients - self.average(clients).unsqueeze(-2)
         return self.average(centred.square().sum(-1, keepdim=True))[..., 0]
 
+    def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The largest over all clients of ``values``, whose axis ``dim`` holds the clients (``-1`` for
+        ``[..., b]`` scalars)."""
+        raise NotImplementedError
+
     def finite(self, tensors) -> torch.Tensor:
         """``[C]``: whether every entry of every tensor of a state (``[C, ...]`` each, clients' or the
         server's) is finite, for each chain, over all clients."""

@@ -34,6 +34,9 @@ class InProcessNetwork(Network):
     def average(self, uploads: torch.Tensor) -> torch.Tensor:
         return uploads.mean(-2)
 
+    def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return values.amax(dim)
+
     def finite(self, tensors) -> torch.Tensor:
         # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
         return torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
