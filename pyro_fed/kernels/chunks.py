@@ -38,15 +38,10 @@ class ChunkRunner:
                 return pot.full_gradient_fn(points.reshape(-1, pot.num_clients, pot.dim)).reshape(
                     points.shape
                 )
-            copies = points[..., 0, 0, 0].numel()  # the same minibatch at every leading point
-            prior_weights = pot.prior_weights.repeat(copies * self.plan.num_chains)
-            grads = pot.gradient_fn(
-                points.reshape(-1, pot.dim),
-                indices.repeat(copies, 1),
-                self.minibatches.datum_weights.repeat(copies, 1),
-                prior_weights,
-            )
-            return grads.reshape(points.shape)
+            # the chains' minibatches [C, b, n], the same at every leading point
+            rows = (-1, pot.num_clients, indices.shape[-1])
+            weights = self.minibatches.datum_weights.reshape(rows)
+            return pot.minibatch_gradients(points, indices.reshape(rows), weights)
 
         return gradients
 

@@ -304,13 +304,9 @@ def _minibatch_gradients(kernel, seed: int, batch: int | float | None):
     indices, weights = sampler(), sampler.datum_weights  # [R, b, n], [b, n]
 
     def gradients(points: torch.Tensor) -> torch.Tensor:
-        p, (r, b, n) = points.shape[0], indices.shape
-        grads = pot.gradient_fn(
-            points[None, :, None, :].expand(r, p, b, -1).reshape(-1, pot.dim),
-            indices[:, None].expand(r, p, b, n).reshape(-1, n),
-            weights.repeat(r * p, 1),
-            pot.prior_weights.repeat(r * p),
-        )
-        return grads.reshape(r, p, b, pot.dim)
+        # every client at each point, on each of the R minibatches: [R, P, b, d]
+        (r, b, _), p = indices.shape, points.shape[0]
+        at = points[None, :, None, :].expand(r, p, b, -1)
+        return pot.minibatch_gradients(at, indices[:, None], weights)
 
     return gradients

@@ -164,14 +164,28 @@ class FederatedPotential:
             evaluated on the same minibatch (control variates).
         :param batches: the clients' minibatches (padded indices and weights, ``[b, n]``).
         """
-        lead = points.shape[:-2]
-        flat_points = points.reshape(-1, self.dim).contiguous()
-        m = flat_points.shape[0] // self.num_clients
-        args = (flat_points, *batches, self.prior_weights)
-        if m > 1:  # the same minibatch at every point
-            args = (flat_points, *(a.repeat(m, *[1] * (a.dim() - 1)) for a in args[1:]))
+        args = self.minibatch_arguments(points, *batches)
         grads = self._prepare(self.gradient_fn, args, "the clients' minibatch gradients")(*args)
-        return grads.reshape(*lead, self.num_clients, self.dim)
+        return grads.reshape(points.shape)
+
+    def minibatch_arguments(
+        self, points: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
+    ) -> tuple:
+        """The arguments of :attr:`gradient_fn` for every client's minibatch gradient at ``points``
+        (``[..., b, d]``), its minibatch ``indices`` and datum ``weights`` (``[..., b, n]``, broadcast to the
+        points' leading shape: the same minibatch at every point they do not tell apart)."""
+        shape, n = points.shape[:-1], indices.shape[-1]
+        return (
+            points.reshape(-1, self.dim).contiguous(),
+            indices.expand(*shape, n).reshape(-1, n),
+            weights.expand(*shape, n).reshape(-1, n),
+            self.prior_weights.expand(shape).reshape(-1),
+        )
+
+    def minibatch_gradients(self, points: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor):
+        """Every client's minibatch gradient (:meth:`minibatch_arguments`), untraced: a pure tensor function
+        to trace inside a larger one, ``[..., b, d]``."""
+        return self.gradient_fn(*self.minibatch_arguments(points, indices, weights)).reshape(points.shape)
 
     def full_client_grads(self, points: torch.Tensor) -> torch.Tensor:
         """Full local gradients :math:`\\nabla U^i(x_i)` of every client: ``[d]`` (one common point) ->
