@@ -90,6 +90,8 @@ from typing import NamedTuple
 
 import torch
 
+from .langevin import langevin_step
+
 #: :math:`\varepsilon`: the relative excess of the stationary variance along the stiffest direction, from the
 #: step and the gradient noise together
 VARIANCE_TARGET = 0.1
@@ -430,8 +432,11 @@ def langevin_move(
     r"""One preconditioned unadjusted Langevin step on :math:`U` from each of the points ``x`` (``[P, d]``):
     :math:`x - h M \nabla U(x) + \sqrt{2h} R Z`, ``gradient`` giving :math:`\nabla U` (``[P, d]``),
     ``noise`` :math:`Z` (``[P, d]``), ``root`` :math:`R`. A point whose step is not finite stays where it
-    was (a pure tensor function: a select, not a branch)."""
-    moved = x - h * whiten(root, whiten(root, gradient(x))) + (2 * h).sqrt() * whiten(root, noise)
+    was (a pure tensor function: a select, not a branch). The step is the samplers'
+    (:func:`~pyro_fed.algorithms.langevin.langevin_step`), with ``h`` a tensor so that a prepared move serves
+    every step."""
+    step = h * root.square() if root.dim() == 1 else torch.stack([h * (root @ root), h.sqrt() * root])
+    moved = langevin_step(x, gradient(x), step, noise)
     return torch.where(moved.isfinite().all(-1, keepdim=True), moved, x)
 
 
