@@ -9,7 +9,7 @@ from pyro.infer import MCMC
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, SgldKernel, VrFaldKernel
 from pyro_fed.network.in_process import InProcessNetwork
 
-from .models import logistic_model, regression_data
+from ..models import logistic_model, regression_data
 
 NUM_CLIENTS = 6
 

@@ -13,7 +13,7 @@ from pyro_fed.kernels import warmup
 from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.testing import regression_clients
 
-from .models import gaussian_regression
+from ..models import gaussian_regression
 
 
 def scale_regression(x, y):

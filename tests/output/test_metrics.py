@@ -25,7 +25,7 @@ from pyro_fed.output.metrics import (
     wasserstein2,
 )
 
-from .models import gaussian_regression, regression_data
+from ..models import gaussian_regression, regression_data
 
 
 def test_hpd_level_is_the_empirical_quantile():

@@ -14,14 +14,14 @@ from pyro_fed.network.compression import Compressor, StochasticQuantizer
 from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import GaussianClients, batch_means_standard_error, fald_stationary_law
 
-from .models import gaussian_regression
-from .test_adaptation import (
+from ..algorithms.test_adaptation import (
     NOISE_SD,
     anisotropic_problem,
     check_chains_against_preconditioned_law,
     preconditioned,
     run,
 )
+from ..models import gaussian_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
 

@@ -10,7 +10,7 @@ from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
 
-from .models import lkj_normal, logistic_model, regression_data
+from ..models import lkj_normal, logistic_model, regression_data
 
 X, Y = regression_data(40)
 LABELS = (Y > 0).double()

@@ -12,7 +12,7 @@ from pyro.infer import MCMC
 from pyro_fed import FaldKernel
 from pyro_fed.algorithms import convergence
 
-from .models import gaussian_regression, regression_data
+from ..models import gaussian_regression, regression_data
 
 
 def autoregression(chains, draws, dim, rho, seed=0):

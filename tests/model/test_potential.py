@@ -13,7 +13,7 @@ from pyro.nn import PyroModule, PyroSample
 from pyro_fed import FaldKernel, to_inference_data
 from pyro_fed.model.potential import FederatedPotential
 
-from .models import logistic_model, regression_data, scaled_regression
+from ..models import logistic_model, regression_data, scaled_regression
 
 CLIENTS = torch.tensor([0, 1, 2, 0, 0, 1, 2, 2, 2, 2] * 4)  # unequal sizes 12, 8, 20
 

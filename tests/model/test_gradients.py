@@ -16,7 +16,7 @@ import pyro_fed.model.gradients
 from pyro_fed import FaldKernel
 from pyro_fed.model.potential import FederatedPotential
 
-from .models import regression_data, scaled_regression
+from ..models import regression_data, scaled_regression
 
 CLIENTS = torch.tensor([0, 1, 2, 0, 0, 1, 2, 2, 2, 2] * 4)  # ragged: 12, 8, 20 points
 

@@ -12,7 +12,7 @@ from pyro_fed import FaldKernel, VrFaldKernel, testing
 from pyro_fed.algorithms import vr_fald
 from pyro_fed.model.gradients import ClientBatches
 
-from .models import gaussian_regression, logistic_model, regression_data
+from ..models import gaussian_regression, logistic_model, regression_data
 
 Z = 4.5  # standard errors: a false alarm has probability ~1e-5 per checked number
 PRIOR_SD = 10.0

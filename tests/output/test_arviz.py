@@ -12,7 +12,7 @@ from pyro.infer import MCMC, NUTS
 import pyro_fed
 from pyro_fed import FaldKernel
 
-from .models import gaussian_regression, logistic_model, regression_data, scaled_regression
+from ..models import gaussian_regression, logistic_model, regression_data, scaled_regression
 
 matplotlib.use("Agg")
 

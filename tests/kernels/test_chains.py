@@ -7,7 +7,7 @@ from pyro.infer import MCMC, NUTS
 
 import pyro_fed  # noqa: F401 - the import installs the wrapper
 
-from .models import logistic_model, regression_data
+from ..models import logistic_model, regression_data
 
 
 def nuts_draws(monkeypatch, wrapped: bool) -> dict:

@@ -13,7 +13,7 @@ from pyro_fed import FaldKernel
 from pyro_fed.kernels.base import EXPLOSION_SCALES
 from pyro_fed.testing import batch_means_standard_error, fald_stationary_law, regression_clients
 
-from .models import gaussian_regression, logistic_model, regression_data
+from ..models import gaussian_regression, logistic_model, regression_data
 
 NOISE_SD = 0.5
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number

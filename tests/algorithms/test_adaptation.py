@@ -24,7 +24,7 @@ from pyro_fed.testing import (
     vr_fald_stationary_law,
 )
 
-from .models import gaussian_regression
+from ..models import gaussian_regression
 
 IN_PROCESS = InProcessNetwork()  # every client in this process: the sums over clients are the tensors'
 

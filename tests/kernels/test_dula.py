@@ -17,8 +17,8 @@ from pyro_fed.network.graphs import make_graph
 from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import batch_means_standard_error, regression_clients
 
-from .models import gaussian_regression, logistic_model, regression_data, scaled_regression
-from .test_adaptation import NOISE_SD, anisotropic_problem, run
+from ..algorithms.test_adaptation import NOISE_SD, anisotropic_problem, run
+from ..models import gaussian_regression, logistic_model, regression_data, scaled_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
 
