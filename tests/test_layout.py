@@ -88,3 +88,23 @@ def test_no_import_cycle():
         if module not in state:
             visit(module, [])
     assert len(modules) > 30  # the walk saw the package
+
+
+def test_the_short_module_names_are_the_modules():
+    # pyro_fed.partition, pyro_fed.metrics, ...: the spellings of the README, docs and tutorials
+    import importlib
+
+    for short, full in pyro_fed.SHORT_NAMES.items():
+        module = importlib.import_module(f"pyro_fed.{full}")
+        assert importlib.import_module(f"pyro_fed.{short}") is module
+        assert getattr(pyro_fed, short) is module
+
+
+def test_import_pyro_fed_leaves_arviz_for_later():
+    # ArviZ and xarray take seconds to import: loaded by the first conversion, not by import pyro_fed
+    import subprocess
+    import sys
+
+    code = "import sys, pyro_fed; print(sorted({'arviz', 'xarray'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
