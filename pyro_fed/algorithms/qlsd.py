@@ -66,9 +66,33 @@ def with_reference(state: QlsdState, reference: torch.Tensor, grads: torch.Tenso
     return state._replace(reference=reference, reference_grads=grads)
 
 
-def position(state: QlsdState) -> torch.Tensor:
-    """The reported draw: the server's :math:`\\theta`, ``[C, d]``."""
+def position(state: QlsdState, network) -> torch.Tensor:
+    """The reported draw: the server's :math:`\\theta`, ``[C, d]`` (the same wherever clients are held:
+    the ``network`` is not needed, and taken for the signature every algorithm shares)."""
     return state.server
+
+
+def memory_rate(control_variate: str | None, omega: float) -> float:
+    """The memories' rate :math:`\\alpha` by default: :math:`1/(\\omega + 1)` for ``"svrg"`` (QLSD++, with
+    :math:`\\omega` the compressor's variance bound), else 0 (no memory). Algorithm 2 of the paper."""
+    return 1.0 / (omega + 1.0) if control_variate == "svrg" else 0.0
+
+
+def snapshot(state: QlsdState, full_gradients: Callable) -> QlsdState:
+    """QLSD++'s snapshot: the reference point becomes the server's :math:`\\theta` and each client computes
+    its full local gradient there (``full_gradients`` maps ``[C, d]`` to ``[C, b, d]``)."""
+    return with_reference(state, state.server.clone(), full_gradients(state.server))
+
+
+def server_gradient(prior_gradient: Callable, state: QlsdState, control_variate: str | None) -> torch.Tensor:
+    """The server's own term of :math:`g` when it holds the prior: :math:`\\nabla U^0(\\theta)`
+    (``prior_gradient`` maps ``[C, d]`` to ``[C, d]``); with the fixed point's control variate, minus
+    :math:`\\nabla U^0(\\theta_\\star)`, because the clients send differences of their likelihoods'
+    gradients to the fixed point, whose sum there is :math:`-\\nabla U^0(\\theta_\\star)`, not 0."""
+    prior = prior_gradient(state.server)
+    if control_variate == "fixed_point":
+        prior = prior - prior_gradient(state.reference)
+    return prior
 
 
 def estimates(

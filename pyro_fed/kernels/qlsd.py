@@ -131,9 +131,7 @@ class QlsdKernel(FederatedKernel):
         """:math:`\\alpha`: the user's, or :math:`1/(\\omega+1)` for ``"svrg"``, else 0."""
         if self.memory_rate is not None:
             return float(self.memory_rate)
-        if self.control_variate == "svrg":
-            return 1.0 / (self.compressor.omega(self.potential.dim) + 1.0)
-        return 0.0
+        return qlsd.memory_rate(self.control_variate, self.compressor.omega(self.potential.dim))
 
     def init_state(self, positions):
         pot = self.potential
@@ -200,11 +198,11 @@ class QlsdKernel(FederatedKernel):
         pot = self.potential
         prior = None
         if pot.prior_on_server:
-            prior = pot.server_prior(state.server, gradient=True)
-            if self.control_variate == "fixed_point":
-                # the server's own term takes the clients' control variate: they send differences of their
-                # likelihoods' gradients to the fixed point, whose sum there is -grad U^0(theta_star), not 0
-                prior = prior - pot.server_prior(state.reference, gradient=True)
+
+            def prior_gradient(points):
+                return pot.server_prior(points, gradient=True)
+
+            prior = qlsd.server_gradient(prior_gradient, state, self.control_variate)
         return qlsd.step(
             state,
             gradients,
@@ -221,16 +219,13 @@ class QlsdKernel(FederatedKernel):
         )
 
     def position(self, state):
-        return qlsd.position(state)
+        return qlsd.position(state, self.network)
 
     def event_iterations(self, coins):
         return coins["snapshot"].any(1) if "snapshot" in coins else super().event_iterations(coins)
 
     def event(self, state, coins):
-        def snapshot(after):
-            return qlsd.with_reference(after, after.server.clone(), self._full_gradients(after.server))
-
-        return snapshot
+        return lambda after: qlsd.snapshot(after, self._full_gradients)
 
     def traffic(self, coins):
         # a snapshot sends theta to every client

@@ -275,3 +275,20 @@ def test_svrg_with_full_local_batches_is_the_exact_gradient_without_snapshots():
     assert kernel.gradient_evaluations(minibatches=False) == 1
     plain, _ = draws(memory_rate=rate)
     torch.testing.assert_close(svrg, plain, rtol=0, atol=1e-12)
+
+
+def test_memory_rate_snapshot_and_server_gradient_rules():
+    # Algorithm 2: alpha = 1 / (omega + 1) for QLSD++, no memory otherwise
+    assert qlsd.memory_rate("svrg", 3.0) == 0.25
+    assert qlsd.memory_rate("fixed_point", 3.0) == qlsd.memory_rate(None, 3.0) == 0.0
+    server, reference = torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, -1.0]])
+    state = qlsd.QlsdState(server, torch.zeros(1, 3, 2), reference, torch.zeros(1, 3, 2))
+    # the prior's gradient at theta, minus at the fixed point under QLSD*'s control variate
+    torch.testing.assert_close(qlsd.server_gradient(lambda p: 2 * p, state, None), 2 * server)
+    torch.testing.assert_close(
+        qlsd.server_gradient(lambda p: 2 * p, state, "fixed_point"), 2 * (server - reference)
+    )
+    # a snapshot moves the reference to theta, with the clients' full gradients there
+    snapped = qlsd.snapshot(state, lambda p: p[:, None, :].expand(-1, 3, -1) * 3)
+    torch.testing.assert_close(snapped.reference, server)
+    torch.testing.assert_close(snapped.reference_grads, 3 * server[:, None, :].expand(-1, 3, -1))
