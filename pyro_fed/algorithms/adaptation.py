@@ -90,6 +90,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..data.minibatch import client_batch_sizes
 from .langevin import langevin_step
 
 #: :math:`\varepsilon`: the relative excess of the stationary variance along the stiffest direction, from the
@@ -215,8 +216,14 @@ def preconditioner(curvature: torch.Tensor) -> torch.Tensor:
     """The diagonal inverse mass :math:`m_k = 1 / |H_{kk}|` from the Hessian diagonal of :math:`U` (``[d]``);
     curvatures below ``CURVATURE_FLOOR`` times the largest are raised to it, so that a flat direction gets a
     large but finite scale."""
+    return 1.0 / floored_curvature(curvature)
+
+
+def floored_curvature(curvature: torch.Tensor) -> torch.Tensor:
+    """The magnitudes :math:`|H_{kk}|` of a Hessian diagonal (``[d]``), those below ``CURVATURE_FLOOR`` times
+    the largest raised to it: the curvatures that :func:`preconditioner` inverts."""
     magnitude = curvature.abs()
-    return 1.0 / magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max().clamp_min(1e-300)))
+    return magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max().clamp_min(1e-300)))
 
 
 def dense_preconditioner(hessian: torch.Tensor) -> torch.Tensor:
@@ -462,7 +469,7 @@ def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool)
     drawn without replacement) over its terms' variance; ``[b]``, or summed (``[1]``) for an estimate of the
     server's."""
     sizes = client_sizes.double()
-    factor = sizes.square() * (1.0 / sizes.clamp(max=batch) - 1.0 / sizes)
+    factor = sizes.square() * (1.0 / client_batch_sizes(batch, client_sizes).double() - 1.0 / sizes)
     return factor if per_client else factor.sum(0, keepdim=True)
 
 
@@ -505,7 +512,7 @@ def choose_batch_size(
             high = middle
         else:
             low = middle + 1
-    if evaluations * int(client_sizes.clamp(max=low).sum()) > int(client_sizes.sum()) / 2:
+    if evaluations * int(client_batch_sizes(low, client_sizes).sum()) > int(client_sizes.sum()) / 2:
         return None
     return low
 

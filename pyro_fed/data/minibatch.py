@@ -24,6 +24,15 @@ from ..engine.randomness import Randomness
 from .partition import pad_indices
 
 
+def client_batch_sizes(batch_size: int | float, client_sizes: torch.Tensor) -> torch.Tensor:
+    """Each client's minibatch size :math:`n_i` (``[b]``, integers) for ``batch_size`` points per client
+    (at most its :math:`N_i`) or a fraction of each client's data (:math:`\\lfloor f N_i \\rfloor`, at
+    least 1)."""
+    if isinstance(batch_size, float):
+        return (batch_size * client_sizes).floor().long().clamp(min=1)
+    return client_sizes.clamp(max=batch_size)
+
+
 class MinibatchSampler:
     """Draws the minibatch indices of every client of every chain for ``K`` iterations at once.
 
@@ -52,10 +61,7 @@ class MinibatchSampler:
         self.rng = rng
         device = rng.device
         table, sizes = pad_indices(client_indices, device)  # [b, N_max], [b]
-        if isinstance(batch_size, float):
-            batch = (batch_size * sizes).floor().long().clamp(min=1)  # n_i
-        else:
-            batch = sizes.clamp(max=batch_size)
+        batch = client_batch_sizes(batch_size, sizes)  # n_i
         per_epoch = sizes // batch  # m_i minibatches per permutation
         shuffled = batch < sizes  # the others use all their data every time and draw nothing
         epochs = torch.where(shuffled, (chunk_size + per_epoch - 1) // per_epoch, 1)  # per chunk

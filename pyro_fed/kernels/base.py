@@ -15,7 +15,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms import adaptation, convergence
 from ..algorithms.mode import MODE_WARNING
-from ..data.minibatch import MinibatchSampler
+from ..data.minibatch import MinibatchSampler, client_batch_sizes
 from ..engine.compile import check_mode, inputs_signature
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
@@ -366,13 +366,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     def iteration_data(self) -> int:
         """Data evaluations per iteration of the current run, summed over clients and chains' one copy: each
         client's minibatch (or its data) times :meth:`gradient_evaluations`."""
-        sizes, batch = self.potential.client_sizes, self.current_batch_size
-        if self.full_local_batches:
-            used = sizes
-        elif isinstance(batch, float):
-            used = (batch * sizes).floor().clamp(min=1)
-        else:
-            used = sizes.clamp(max=batch)
+        sizes = self.potential.client_sizes
+        used = sizes if self.full_local_batches else client_batch_sizes(self.current_batch_size, sizes)
         return self.gradient_evaluations(not self.full_local_batches) * int(used.sum())
 
     def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:

@@ -193,9 +193,7 @@ class DulaKernel(FederatedKernel):
         graph = make_graph(self.graph_spec, pot.num_clients)
         self.graph = graph
         # each coordinate in the Laplace approximation's posterior sds: its curvature shares and gradients
-        total = chosen.curvature.abs().clamp_min(
-            adaptation.CURVATURE_FLOOR * float(chosen.curvature.abs().max().clamp_min(1e-300))
-        )
+        total = adaptation.floored_curvature(chosen.curvature)
         gradients = pot.full_client_grads(chosen.mode) / total.sqrt()
         self.network.record_averages(1, shared=True)
         step = dula.consensus_step(
