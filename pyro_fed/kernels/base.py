@@ -262,18 +262,21 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         network = self._network or InProcessNetwork()
         self.potential = pot = self.build_potential(*args, network=network, **kwargs)
         self._model_inputs = inputs_signature(args, kwargs)
-        check_batch_size_fits(self.batch_size, pot.client_sizes)
+        check_batch_size_fits(self.batch_size, pot.all_client_sizes)
         num_chains = self.plan.num_chains
-        # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible
-        seed, adaptation_seed = torch.randint(0, 2**62, (2,), device="cpu").tolist()
+        # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible; the first holder's
+        # where clients are held in several places
+        seed, adaptation_seed = network.share(torch.randint(0, 2**62, (2,), device="cpu").tolist())
         self.rng = Randomness(seed, pot.device)
-        self.network = network.attach(pot.num_clients, pot.dim, num_chains)
+        self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
         self._chain, self._served, self._computed = 0, 0, 0
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
+        positions = network.share(positions)
+        self._initial_params = [pot.unconstrained_params(p) for p in positions]
         pot.check_initial_points(positions)
         inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
-        largest = int(pot.client_sizes.max())
+        largest = int(pot.all_client_sizes.max())
         batch = self.current_batch_size
         if isinstance(batch, float):
             batch = int(batch * largest)
@@ -366,7 +369,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     def iteration_data(self) -> int:
         """Data evaluations per iteration of the current run, summed over clients and chains' one copy: each
         client's minibatch (or its data) times :meth:`gradient_evaluations`."""
-        sizes = self.potential.client_sizes
+        sizes = self.potential.all_client_sizes
         used = sizes if self.full_local_batches else client_batch_sizes(self.current_batch_size, sizes)
         return self.gradient_evaluations(not self.full_local_batches) * int(used.sum())
 

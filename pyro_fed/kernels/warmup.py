@@ -132,7 +132,7 @@ def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients
             return None, 0.0, 0
         profile = _noise_profile(kernel, seed, mode, points, root, batch)
         return batch, adaptation.gradient_noise(profile, pot.network), 1
-    sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.client_sizes.max()))
+    sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.all_client_sizes.max()))
     full = None
     if kernel.random_at_full_batch():
         full = _noise_profile(kernel, seed, mode, points, root, None)

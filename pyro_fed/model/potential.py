@@ -102,7 +102,11 @@ class FederatedPotential:
         self.client_indices = to_index_lists(clients, self.num_data)
         self.num_clients = len(self.client_indices)
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
-        self.prior_weights = make_prior_weights(prior_weights, self.client_sizes, self.dtype)
+        #: every client's data size in the global client order, wherever the clients are held (the held
+        #: clients' are :attr:`client_sizes`)
+        self.all_client_sizes = self.network.gather(self.client_sizes, -1)
+        held = self.network.held(len(self.all_client_sizes))
+        self.prior_weights = make_prior_weights(prior_weights, self.all_client_sizes, self.dtype)[held]
         #: whether the server holds the prior (``prior_weights="server"``): the clients' potentials are then
         #: their likelihoods alone, and :math:`U = U^0 + \\sum_i U^i`
         self.prior_on_server = isinstance(prior_weights, str) and prior_weights == "server"

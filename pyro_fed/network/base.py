@@ -6,12 +6,16 @@ to a :class:`Network`, so that the same algorithm runs whether the clients are r
 clients *held here* on their client axis, the second to last (``[..., b, d]``), after any chain dimensions;
 a result is the same on every holder.
 
-Two kinds of operation:
+Three kinds of operation:
 
 - **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.average`, :meth:`~Network.broadcast`,
   :meth:`~Network.average_where`, :meth:`~Network.dispersion`, :meth:`~Network.finite`,
   :meth:`~Network.mix`): pure functions of tensors, which run inside a traced or compiled iteration and count
   nothing;
+- **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
+  :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
+  a decision made the same everywhere (an error, a fallback), the first holder's value (a seed, an initial
+  point);
 - **accounting**, on the host: which messages an iteration sent is decided by coins drawn ahead, so their
   bits are counted from the coins (:meth:`~Network.record`), exactly and without waiting for the device. A
   float on the wire costs :data:`BITS_PER_FLOAT` bits.
@@ -91,6 +95,26 @@ class Network:
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         """One round of neighbour exchange over ``graph`` (:meth:`~pyro_fed.network.graphs.Graph.mix`):
         each agent of ``agents`` (``[..., n, d]``) moves toward its neighbours by ``consensus_size``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- set-up
+    def held(self, num_clients: int) -> slice:
+        """Which of the ``num_clients`` clients of the run (in their global order) are held here."""
+        raise NotImplementedError
+
+    def gather(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """Every client's ``values`` in the global client order, from the held clients' ``values`` whose axis
+        ``dim`` holds the clients (for example the global client sizes from the local ones, ``dim=-1``)."""
+        raise NotImplementedError
+
+    def agree(self, flag: bool) -> bool:
+        """Whether ``flag`` is true for any holder of clients: a host decision (an error, a fallback) that
+        every holder then takes, so that none waits for the others in a reduction they skipped."""
+        raise NotImplementedError
+
+    def share(self, value):
+        """The first holder's ``value`` (a seed, initial points: a tensor, a number or a list of them), the
+        same for every holder."""
         raise NotImplementedError
 
     # ------------------------------------------------------------- accounting

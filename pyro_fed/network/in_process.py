@@ -41,5 +41,17 @@ class InProcessNetwork(Network):
         # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
         return torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
 
+    def held(self, num_clients: int) -> slice:
+        return slice(0, num_clients)
+
+    def gather(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        return values
+
+    def agree(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def share(self, value):
+        return value
+
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         return graph.mix(agents, consensus_size)

@@ -23,7 +23,8 @@ class RecordingNetwork(InProcessNetwork):
         self.calls = set()
 
     def __getattribute__(self, name):
-        if name in ("sum", "average", "average_where", "dispersion", "finite", "mix", "maximum"):
+        operations = ("sum", "average", "average_where", "dispersion", "finite", "mix", "maximum")
+        if name in (*operations, "held", "gather", "share"):
             object.__getattribute__(self, "calls").add(name)
         return object.__getattribute__(self, name)
 
@@ -98,6 +99,8 @@ def test_the_iterations_meet_through_the_given_network(name):
     _, kernel = draws(name, network)
     assert kernel.network is network
     assert KERNELS[name][1] <= network.calls, network.calls
+    # the set-up: the global client sizes and held clients, the first holder's seed and initial points
+    assert {"held", "gather", "share"} <= network.calls, network.calls
 
 
 @pytest.mark.parametrize("name", KERNELS)
