@@ -413,7 +413,7 @@ def chosen_settings(kernel, lipschitz: float) -> dict:
     if isinstance(kernel, pyro_fed.VrFaldKernel):
         chosen["refresh_prob"] = kernel.current_refresh_prob
     if isinstance(kernel, pyro_fed.QlsdKernel) and kernel.control_variate == "svrg":
-        chosen["snapshot_every"] = kernel._snapshot_every
+        chosen["snapshot_every"] = kernel.algorithm.snapshot_every
     return chosen
 
 

@@ -553,3 +553,15 @@ def batch_noise_allowance(stiffness: float, num_clients: int) -> float:
     \varepsilon)`, i.e. :math:`V \le s (1 + \varepsilon) b \max_i \lambda^i` (the step then shrinks by
     :math:`1 / (1 + s)`)."""
     return BATCH_NOISE_SHARE * (1 + VARIANCE_TARGET) * num_clients * stiffness
+
+
+def control_variate_error(
+    minibatch_gradients: Callable, mode: torch.Tensor, points: torch.Tensor
+) -> torch.Tensor:
+    """``[R, P, b, d]`` draws of a control variate's error: the same minibatch at a point and at the reference
+    point (the mode), at ``P`` points as far from it as two independent posterior draws are from each other
+    (:math:`\\sqrt 2` times as far as the typical ``points`` ``[P, d]``, draws of the Laplace
+    approximation, are from the mode)."""
+    apart = mode + math.sqrt(2.0) * (points - mode)
+    both = minibatch_gradients(torch.cat([apart, mode[None]]))
+    return both[:, :-1] - both[:, -1:]

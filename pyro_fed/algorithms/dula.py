@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from .base import Algorithm
 from .langevin import langevin_step, scale_step
 
 #: the factor by which :func:`consensus_step` shrinks a step that misses its targets, and how many times, at
@@ -180,8 +183,70 @@ def step(
         ``graph``.
     """
     w = state.clients
-    n = w.shape[-2]
+    n = network.num_clients  # all the agents, wherever they are held
     # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
     return DulaState(
         langevin_step(network.mix(graph, w, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
     )
+
+
+@dataclass(kw_only=True)
+class Dula(Algorithm):
+    """D-ULA as an :class:`~pyro_fed.algorithms.base.Algorithm`.
+
+    :param graph: the agents' :class:`~pyro_fed.network.graphs.Graph`.
+    :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0`.
+    :param float step_decay: :math:`\\delta_2` (0: a constant step).
+    :param float consensus_decay: :math:`\\delta_1` (0: a constant consensus step).
+    :param float step_offset: :math:`k_0`.
+    :param bool record_agents: record every agent's iterate per draw (statistic ``"agents"``).
+    """
+
+    graph: object
+    consensus_size: float
+    step_decay: float = 0.0
+    consensus_decay: float = 0.0
+    step_offset: float = 0.0
+    record_agents: bool = False
+
+    state_type = DulaState
+
+    def init(self, positions):
+        return init(positions, self.num_clients)
+
+    def coins(self, rng, first_iteration, num_iterations):
+        # no coins: the iteration numbers, for the decaying steps
+        iteration = first_iteration + np.arange(num_iterations)
+        return {"iteration": np.repeat(iteration[:, None], self.num_chains, 1)}
+
+    def coin_statistics(self, coins):
+        return {}
+
+    def inputs(self, rng, coins):
+        iterations = coins["iteration"]
+        noise = rng.normal(len(iterations), self.num_chains, self.num_clients, self.dim, dtype=self.dtype)
+        return noise, torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, iteration = inputs
+        alpha, beta = step_sizes(
+            iteration,
+            step_size,
+            self.consensus_size,
+            step_decay=self.step_decay,
+            consensus_decay=self.consensus_decay,
+            step_offset=self.step_offset,
+        )
+        return step(state, gradients, noise, self.graph, alpha, beta, self.network)
+
+    def position(self, state):
+        return position(state, self.network)
+
+    def statistics(self, state):
+        stats = {"consensus_error": self.network.dispersion(state.clients)}
+        if self.record_agents:
+            stats["agents"] = state.clients
+        return stats
+
+    def traffic(self, coins):
+        return self.network.exchange_traffic(self.graph, coins["iteration"])

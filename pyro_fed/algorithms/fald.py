@@ -26,12 +26,14 @@ unified theory and new algorithms*, AISTATS 2023, Section 2.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from .langevin import langevin_step
+from .base import Algorithm
+from .langevin import client_noise, langevin_step
 
 
 class FaldState(NamedTuple):
@@ -87,3 +89,43 @@ def step(
 def averages(communicated: np.ndarray) -> np.ndarray:
     """Number of ``d``-float averages per iteration (host side, for the bit count): one per round."""
     return communicated.astype(np.int64)
+
+
+@dataclass(kw_only=True)
+class Fald(Algorithm):
+    """FALD as an :class:`~pyro_fed.algorithms.base.Algorithm`.
+
+    :param float comm_prob: :math:`p_c`, the probability of an averaging round per iteration.
+    :param float noise_corr: :math:`\\tau`, the correlation of the clients' noises
+        (:func:`~pyro_fed.algorithms.langevin.client_noise`).
+    """
+
+    comm_prob: float
+    noise_corr: float = 1.0
+
+    state_type = FaldState
+
+    def init(self, positions):
+        return init(positions, self.num_clients)
+
+    def coins(self, rng, first_iteration, num_iterations):
+        return {"communicated": rng.coins(self.comm_prob, num_iterations, self.num_chains)}
+
+    def inputs(self, rng, coins):
+        leading = (len(coins["communicated"]), self.num_chains)
+        noise = client_noise(rng, leading, self.num_clients, self.dim, self.noise_corr, self.dtype)
+        return noise, torch.as_tensor(coins["communicated"], device=self.device)
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, communicate = inputs
+        return step(state, gradients, noise, communicate, self.network, step_size=step_size)
+
+    def position(self, state):
+        return position(state, self.network)
+
+    def statistics(self, state):
+        return {"dispersion": self.network.dispersion(state.clients)}
+
+    def traffic(self, coins):
+        communicated = coins["communicated"]
+        return (*self.network.averages_traffic(averages(communicated)), communicated)

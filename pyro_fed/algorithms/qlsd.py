@@ -36,10 +36,14 @@ for Bayesian federated learning*, AISTATS 2022, Algorithms 1 and 2.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from .adaptation import control_variate_error
+from .base import Algorithm
 from .langevin import langevin_step
 
 
@@ -158,3 +162,133 @@ def aggregate(uploads: torch.Tensor, active: torch.Tensor, memory: torch.Tensor,
     count = network.sum(active, -1).unsqueeze(-1).to(uploads.dtype)
     weight = torch.where(count > 0, network.num_clients / count.clamp_min(1.0), torch.zeros_like(count))
     return weight * network.sum(uploads) + network.sum(memory)
+
+
+def estimate_noise(
+    minibatch_gradients: Callable,
+    mode: torch.Tensor,
+    points: torch.Tensor,
+    full_at_mode: torch.Tensor | None,
+    network,
+    compressor,
+    *,
+    control_variate: str | None,
+    participation: float,
+    memory_rate: float,
+) -> torch.Tensor:
+    """``[R, P, 1, d]`` draws of the server's whole estimate :math:`g` at ``P`` typical points ``points``
+    (draws of the Laplace approximation around ``mode``), for the warm-up's measure of the gradient noise:
+    the clients' estimates on ``R`` minibatches (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P,
+    b, d]``; with a control variate, its error, :func:`~pyro_fed.algorithms.adaptation.control_variate_error`:
+    at the mode a fixed point's estimate is exact), compressed, from the active clients, with the memories
+    where they settle: at the clients' full gradients at the mode ``full_at_mode`` (``[b, d]``; needed for
+    ``"svrg"`` or a memory), so that what is quantised is only the estimates' fluctuation. The server's
+    estimate is one "client" (``b = 1``). Its uniforms and coins come from a generator of seed 0."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    if control_variate is None:
+        estimates = minibatch_gradients(points)
+    else:
+        estimates = control_variate_error(minibatch_gradients, mode, points)
+    if control_variate == "svrg":
+        estimates = estimates + full_at_mode
+    uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
+    active = torch.rand(estimates.shape[:-1], generator=generator).to(mode.device) < participation
+    memory = full_at_mode.expand_as(estimates) if memory_rate > 0 else torch.zeros_like(estimates)
+    uploads = compressor.compress(estimates - memory, uniforms)
+    return aggregate(uploads, active, memory, network)[..., None, :]
+
+
+@dataclass(kw_only=True)
+class Qlsd(Algorithm):
+    """The QLSD family as an :class:`~pyro_fed.algorithms.base.Algorithm`.
+
+    :param compressor: :math:`Q`, a :class:`~pyro_fed.network.compression.Compressor`.
+    :param float participation: :math:`p`, each client's probability of being active per iteration.
+    :param control_variate: ``None``, ``"fixed_point"`` or ``"svrg"``.
+    :param float memory_rate: :math:`\\alpha` (see :func:`memory_rate`).
+    :param snapshot_every: :math:`l`, the iterations between QLSD++'s snapshots (``None``: none).
+    :param full_gradients: maps points ``[r, d]`` to every client's full local gradient, ``[r, b, d]``
+        (for ``"svrg"``).
+    :param fixed_point: :math:`\\theta_\\star`, ``[d]`` (for ``"fixed_point"``).
+    :param prior_gradient: :math:`\\nabla U^0`, mapping ``[C, d]`` to ``[C, d]``, when the server holds the
+        prior (``None``: the clients hold it).
+    :param bool exact_gradients: the minibatches are the clients' full data.
+    """
+
+    compressor: object
+    participation: float = 1.0
+    control_variate: str | None = None
+    memory_rate: float = 0.0
+    snapshot_every: int | None = None
+    full_gradients: Callable | None = None
+    fixed_point: torch.Tensor | None = None
+    prior_gradient: Callable | None = None
+    exact_gradients: bool = False
+
+    state_type = QlsdState
+
+    def init(self, positions):
+        if self.control_variate == "svrg":
+            return init(positions, self.num_clients, self.full_gradients)
+        state = init(positions, self.num_clients, None)
+        if self.control_variate == "fixed_point":
+            point = self.fixed_point.to(positions).expand_as(positions).clone()
+            state = with_reference(state, point, state.reference_grads)
+        return state
+
+    def coins(self, rng, first_iteration, num_iterations):
+        chains = self.num_chains
+        coins = {"active": rng.coins(self.participation, num_iterations, chains, self.num_clients)}
+        if self.control_variate == "svrg" and self.snapshot_every is not None:
+            # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
+            iteration = first_iteration + np.arange(1, num_iterations + 1)
+            coins["snapshot"] = np.repeat((iteration % self.snapshot_every == 0)[:, None], chains, 1)
+        return coins
+
+    def inputs(self, rng, coins):
+        leading = (len(coins["active"]), self.num_chains)
+        noise = rng.normal(*leading, self.dim, dtype=self.dtype)
+        active = torch.as_tensor(coins["active"], device=self.device)
+        if not self.compressor.random:
+            return noise, active
+        return noise, active, rng.uniform(*leading, self.num_clients, self.dim, dtype=self.dtype)
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, active, *uniforms = inputs
+        prior = None
+        if self.prior_gradient is not None:
+            prior = server_gradient(self.prior_gradient, state, self.control_variate)
+        return step(
+            state,
+            gradients,
+            noise,
+            uniforms[0] if uniforms else None,
+            active,
+            self.network,
+            self.compressor,
+            step_size=step_size,
+            memory_rate=self.memory_rate,
+            control_variate=self.control_variate,
+            server_gradient=prior,
+            exact_gradients=self.exact_gradients,
+        )
+
+    def position(self, state):
+        return position(state, self.network)
+
+    def traffic(self, coins):
+        # a snapshot sends theta to every client
+        message = self.compressor.bits(self.dim)
+        return self.network.server_traffic(coins["active"].sum(-1), message, coins.get("snapshot"))
+
+    def coin_statistics(self, coins):
+        stats = {"active_clients": coins["active"].sum(-1)}
+        if "snapshot" in coins:
+            stats["snapshot"] = coins["snapshot"]
+        return stats
+
+    def event_iterations(self, coins):
+        return coins["snapshot"].any(1) if "snapshot" in coins else super().event_iterations(coins)
+
+    def event(self, state, coins):
+        return lambda after: snapshot(after, self.full_gradients)

@@ -30,14 +30,16 @@ unified theory and new algorithms*, AISTATS 2023, Section 3, eq. (17).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from .fald import local_and_average, position
+from .fald import Fald, local_and_average, position
 
 __all__ = [
+    "VrFald",
     "VrFaldState",
     "averages",
     "control_variate",
@@ -131,3 +133,55 @@ def averages(communicated: np.ndarray, refreshed: np.ndarray) -> np.ndarray:
     """Number of ``d``-float averages per iteration (host side, for the bit count): one per round of the
     iterates, two per refresh (the reference point and the shift)."""
     return communicated.astype(np.int64) + 2 * refreshed.astype(np.int64)
+
+
+@dataclass(kw_only=True)
+class VrFald(Fald):
+    """VR-FALD⋆ as an :class:`~pyro_fed.algorithms.base.Algorithm`: FALD's settings, and
+
+    :param float refresh_prob: :math:`p_r`, the probability of a refresh of the pair per iteration.
+    :param full_gradients: maps points ``[r, d]`` to every client's full local gradient there,
+        ``[r, b, d]``.
+    :param bool exact_gradients: the minibatches are the clients' full data.
+    """
+
+    refresh_prob: float
+    full_gradients: Callable[[torch.Tensor], torch.Tensor]
+    exact_gradients: bool = False
+
+    state_type = VrFaldState
+
+    def init(self, positions):
+        # the clients upload their full gradients at the initial point and the server broadcasts the
+        # shift: the two averages of a refresh
+        self.network.record_averages(2)
+        return init(positions, self.num_clients, self.full_gradients, self.network)
+
+    def coins(self, rng, first_iteration, num_iterations):
+        coins = super().coins(rng, first_iteration, num_iterations)
+        coins["refreshed"] = rng.coins(self.refresh_prob, num_iterations, self.num_chains)
+        return coins
+
+    def step(self, state, gradients, inputs, step_size):
+        noise, communicate = inputs
+        return step(
+            state,
+            gradients,
+            noise,
+            communicate,
+            self.network,
+            step_size=step_size,
+            exact_gradients=self.exact_gradients,
+        )
+
+    def traffic(self, coins):
+        averaged = averages(coins["communicated"], coins["refreshed"])
+        return (*self.network.averages_traffic(averaged), coins["communicated"])
+
+    def event_iterations(self, coins):
+        return coins["refreshed"].any(1)
+
+    def event(self, state, coins):
+        chains = torch.as_tensor(np.flatnonzero(coins["refreshed"]), device=state.clients.device)
+        pair = refresh(state, chains, self.full_gradients, self.network)
+        return lambda after: replace_pair(after, chains, pair)

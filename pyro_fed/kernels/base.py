@@ -14,6 +14,7 @@ from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms import adaptation, convergence
+from ..algorithms.base import Algorithm
 from ..algorithms.mode import MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
 from ..engine.compile import check_mode, inputs_signature
@@ -66,11 +67,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     state ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them
     one chain after another, as it would from independent runs.
 
-    Subclasses set :attr:`state_type` (and :attr:`server_step` for a server's steps) and implement
-    :meth:`init_state`, :meth:`step_inputs`, :meth:`step`, :meth:`position`,
-    :meth:`draw_coins` and :meth:`traffic` (and, for out-of-step events, :meth:`event_iterations` and
-    :meth:`event`; for per-draw values, :meth:`statistics`) with the
-    pure functions of :mod:`pyro_fed.algorithms`. This class owns the rest: the
+    Subclasses implement :meth:`make_algorithm`, which builds the run's
+    :class:`~pyro_fed.algorithms.base.Algorithm` (the pure tensor code of :mod:`pyro_fed.algorithms`), and
+    set :attr:`server_step` for a server's steps. This class owns the rest: the
     :class:`~pyro_fed.model.potential.FederatedPotential`, the randomness, the minibatches, the network,
     reverting diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw
     statistics.
@@ -176,8 +175,6 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         self._convergence = None  # the end-of-run check, once computed
 
     # ------------------------------------------------------- subclass API
-    #: the algorithm's state NamedTuple
-    state_type: type
     #: whether a server takes the algorithm's steps on the whole potential (QLSD), rather than every client on
     #: its own (FALD): the warm-up then chooses the step for the stiffness of the sum of the clients'
     #: potentials, and the prior may stay on the server (``prior_weights="server"``)
@@ -187,53 +184,10 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     #: its own, named after it
     client_iterates: dict[str, str] = {}
 
-    def init_state(self, positions: torch.Tensor):
-        """The algorithm's initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
-        raise NotImplementedError
-
-    def step_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        """The pre-drawn randomness of a chunk besides the minibatches (noise, coins as tensors, ...), each
-        with a leading dimension of ``num_iterations``."""
-        raise NotImplementedError
-
-    def step(self, state, gradients: Callable, inputs: tuple[torch.Tensor, ...], step_size: torch.Tensor):
-        """One iteration of the algorithm (a pure tensor function): the new state. ``gradients`` maps client
-        points ``[..., C, b, d]`` to this iteration's minibatch gradients; ``inputs`` is this iteration's row
-        of :meth:`step_inputs`; ``step_size`` is :math:`\\gamma m`, per coordinate."""
-        raise NotImplementedError
-
-    def statistics(self, state) -> dict[str, torch.Tensor]:
-        """Per-draw values of the state recorded in ``sample_stats`` (``{name: [C]}``; none by default)."""
-        return {}
-
-    def position(self, state) -> torch.Tensor:
-        """The global iterate of each chain reported as its draw, ``[C, d]``."""
-        raise NotImplementedError
-
-    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
-        """The host coins of a chunk, ``{name: [K, C, ...] bool}`` (e.g. FALD's averaging coin
-        ``"communicated"``)."""
-        raise NotImplementedError
-
-    def traffic(self, coins: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What each iteration of a chunk sent, from its coins (host side): uploaded bits, downloaded bits
-        (each summed over clients) and whether it was a communication round, each ``[K, C]``."""
-        raise NotImplementedError
-
-    def coin_statistics(self, coins: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The coins recorded in ``sample_stats`` (``[K, C]``: booleans, or integer counts): all of them by
-        default."""
-        return coins
-
-    def event_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
-        """``[K]`` bool: the iterations of a chunk preceded by an out-of-step event (none by default)."""
-        return np.zeros(len(next(iter(coins.values()))), dtype=bool)
-
-    def event(self, state, coins: dict[str, np.ndarray]) -> Callable:
-        """The out-of-step event (e.g. VR-FALD⋆'s refresh) before an iteration whose coins are ``coins``
-        (``{name: [C]}``), computed from the state before that iteration: returns the function applied to
-        the state after it. Events split a chunk, so that expensive, rare work never runs inside the
-        compiled iteration."""
+    def make_algorithm(self, **common) -> Algorithm:
+        """The run's :class:`~pyro_fed.algorithms.base.Algorithm`, its settings resolved, built at set-up
+        after the warm-up; ``common`` are the fields every algorithm has (the network, the numbers of
+        chains and clients, the dimension, the dtype and the device)."""
         raise NotImplementedError
 
     # ------------------------------------------------------- Pyro MCMCKernel
@@ -292,7 +246,16 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             )
             pot.check_initial_points(positions)
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        self._state = tuple(self.init_state(positions))
+        #: the algorithm this run runs
+        self.algorithm = self.make_algorithm(
+            network=network,
+            num_chains=num_chains,
+            num_clients=pot.num_clients,
+            dim=pot.dim,
+            dtype=pot.dtype,
+            device=pot.device,
+        )
+        self._state = tuple(self.algorithm.init(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
         # (noise, quantisation)
         per_iteration = num_chains * pot.num_clients * (2 * (batch or 0) + pot.dim)

@@ -26,8 +26,9 @@ AUTO_COMPILE_SECONDS = 20.0
 
 
 class ChunkRunner:
-    """The chunked iterations of a :class:`~pyro_fed.kernels.base.FederatedKernel` (which sets up the state,
-    the potential, the randomness, the network, the buffers and the hooks used here)."""
+    """The chunked iterations of a :class:`~pyro_fed.kernels.base.FederatedKernel`, which sets up what is
+    run here: the :class:`~pyro_fed.algorithms.base.Algorithm` and its state, the potential, the randomness,
+    the network and the buffers."""
 
     def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
@@ -49,18 +50,19 @@ class ChunkRunner:
         """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
-        new = self.step(self.state_type(*state), self._gradients(indices), inputs, step_size)
+        algorithm = self.algorithm
+        new = algorithm.step(algorithm.state_type(*state), self._gradients(indices), inputs, step_size)
         valid = self.network.finite(new)
-        valid = valid & ((self.position(self.state_type(*new)) - start).abs() <= bound).all(-1)
+        valid = valid & ((algorithm.position(algorithm.state_type(*new)) - start).abs() <= bound).all(-1)
         # a diverging step is reverted without waiting for the device: select, don't branch
         new = tuple(
             torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
         )
-        new_state = self.state_type(*new)
-        return new, (self.position(new_state), valid, *self.statistics(new_state).values())
+        new_state = algorithm.state_type(*new)
+        return new, (algorithm.position(new_state), valid, *algorithm.statistics(new_state).values())
 
     def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        inputs = self.step_inputs(num_iterations, coins)
+        inputs = self.algorithm.inputs(self.rng, coins)
         if self.minibatches is None:
             return inputs
         return (self.minibatches()[:num_iterations], *inputs)
@@ -110,30 +112,31 @@ class ChunkRunner:
         remaining = self._remaining_iterations()
         num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
         start_time = time.perf_counter()
-        coins = self.draw_coins(num_iterations)
+        algorithm = self.algorithm
+        coins = algorithm.coins(self.rng, self._computed, num_iterations)
         inputs = self._draw_inputs(num_iterations, coins)
         engine, state, outputs, start = self.engine(), self._state, [], 0
         preparation, event_seconds = engine.preparation_seconds, 0.0
-        for k in np.flatnonzero(self.event_iterations(coins)):
+        for k in np.flatnonzero(algorithm.event_iterations(coins)):
             state, out = engine.run(state, inputs, self._constants, start, k)
             outputs.append(out)
             event_start, prepared = time.perf_counter(), self.potential.preparation_seconds
-            after = self.event(self.state_type(*state), {n: c[k] for n, c in coins.items()})
+            after = algorithm.event(algorithm.state_type(*state), {n: c[k] for n, c in coins.items()})
             # the events' own time, without tracing their functions
             event_seconds += (
                 time.perf_counter() - event_start - (self.potential.preparation_seconds - prepared)
             )
             state, out = engine.run(state, inputs, self._constants, k, k + 1)
             outputs.append(out)
-            state, start = tuple(after(self.state_type(*state))), k + 1
+            state, start = tuple(after(algorithm.state_type(*state))), k + 1
         state, out = engine.run(state, inputs, self._constants, start, num_iterations)
         outputs.append(out)
         self._state = state
         self._computed += num_iterations
         positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
-        statistics = dict(zip(self.statistics(self.state_type(*state)), values, strict=True))
-        bits = self.network.record(*self.traffic(coins))
-        self._buffer.add(positions, valid, statistics, self.coin_statistics(coins), bits)
+        statistics = dict(zip(algorithm.statistics(algorithm.state_type(*state)), values, strict=True))
+        bits = self.network.record(*algorithm.traffic(coins))
+        self._buffer.add(positions, valid, statistics, algorithm.coin_statistics(coins), bits)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
         self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import torch
 
 from ..algorithms import adaptation, convergence, dula
@@ -69,7 +68,6 @@ class DulaKernel(FederatedKernel):
     ``"uniform"`` (:math:`1/n` each). The other arguments are those of :class:`~pyro_fed.FederatedKernel`.
     """
 
-    state_type = dula.DulaState
     client_iterates = {"agents": "agent"}  # record_agents=True
     #: the schedules of the steps
     SCHEDULES = ("constant", "decaying")
@@ -94,6 +92,8 @@ class DulaKernel(FederatedKernel):
         super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
         self.record_agents = bool(record_agents)
         self.graph_spec = graph
+        #: the agents' :class:`~pyro_fed.network.graphs.Graph`, built at set-up
+        self.graph = None
         if schedule not in self.SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: use one of {self.SCHEDULES}.")
         self.schedule = schedule
@@ -127,71 +127,46 @@ class DulaKernel(FederatedKernel):
             raise ValueError(f"step_offset must be a non-negative number; got {step_offset!r}.")
         self.step_offset = float(step_offset)
 
+    def _graph(self):
+        """The graph over all the run's agents, built once for their number."""
+        n = self.network.num_clients
+        if self.graph is None or self.graph.num_agents != n:
+            self.graph = make_graph(self.graph_spec, n)
+        return self.graph
+
     def _consensus_size(self) -> float:
         r""":math:`b`: the user's, or :math:`1 / \lambda_{\max}(L)` (0 for one agent)."""
         if self.consensus_size is not None:
             return self.consensus_size
-        return 1.0 / self.graph.lambda_max if self.graph.lambda_max > 0 else 0.0
+        lambda_max = self._graph().lambda_max
+        return 1.0 / lambda_max if lambda_max > 0 else 0.0
 
-    def init_state(self, positions):
-        n = self.potential.num_clients
-        self.graph = make_graph(self.graph_spec, n)
+    def make_algorithm(self, **common) -> dula.Dula:
         self._consensus = self._consensus_size()
-        return dula.init(positions, n)
-
-    def draw_coins(self, num_iterations):
-        iteration = self._computed + np.arange(num_iterations)
-        return {"iteration": np.repeat(iteration[:, None], self.plan.num_chains, 1)}
-
-    def coin_statistics(self, coins):
-        return {}
-
-    def step_inputs(self, num_iterations, coins):
-        pot = self.potential
-        noise = self.rng.normal(
-            num_iterations, self.plan.num_chains, pot.num_clients, pot.dim, dtype=pot.dtype
-        )
-        return noise, torch.as_tensor(coins["iteration"][:, 0], dtype=pot.dtype, device=pot.device)
-
-    def step(self, state, gradients, inputs, step_size):
-        noise, iteration = inputs
-        alpha, beta = dula.step_sizes(
-            iteration,
-            step_size,
-            self._consensus,
+        return dula.Dula(
+            graph=self._graph(),
+            consensus_size=self._consensus,
             step_decay=self.step_decay,
             consensus_decay=self.consensus_decay,
             step_offset=self.step_offset,
+            record_agents=self.record_agents,
+            **common,
         )
-        return dula.step(state, gradients, noise, self.graph, alpha, beta, self.network)
-
-    def position(self, state):
-        return dula.position(state, self.network)
-
-    def statistics(self, state):
-        stats = {"consensus_error": self.network.dispersion(state.clients)}
-        if self.record_agents:
-            stats["agents"] = state.clients
-        return stats
-
-    def traffic(self, coins):
-        return self.network.exchange_traffic(self.graph, coins["iteration"])
 
     def chosen_step(self, client_step: float) -> float:
         """:math:`a` such that the first step :math:`\\alpha_0 = a / (k_0 + 1)^{\\delta_2}` is
         :math:`\\gamma / n`, from the adaptation's client step :math:`\\gamma` (each agent steps with
         :math:`\\alpha n` on its share)."""
-        return client_step / self.potential.num_clients * (self.step_offset + 1.0) ** self.step_decay
+        return client_step / self.network.num_clients * (self.step_offset + 1.0) ** self.step_decay
 
     def finish_adaptation(self, chosen):
         """With an automatic constant step: the largest at most the warm-up's at which the agents'
         disagreement costs the average little (:func:`~pyro_fed.algorithms.dula.consensus_step`, from each
         agent's curvature and gradient at the mode: one more round of uploads), the thinning with it."""
         pot = self.potential
-        if self.step_size is not None or self.schedule != "constant" or pot.num_clients == 1:
+        if self.step_size is not None or self.schedule != "constant" or self.network.num_clients == 1:
             return chosen
-        graph = make_graph(self.graph_spec, pot.num_clients)
-        self.graph = graph
+        graph = self._graph()
         # each coordinate in the Laplace approximation's posterior sds: its curvature shares and gradients
         total = adaptation.floored_curvature(chosen.curvature)
         gradients = pot.full_client_grads(chosen.mode) / total.sqrt()

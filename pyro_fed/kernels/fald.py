@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-import torch
-
 from ..algorithms import fald
-from ..algorithms.langevin import client_noise
 from .arguments import check_probability
 from .base import FederatedKernel
 
@@ -122,35 +118,11 @@ class FaldKernel(FederatedKernel):
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
 
-    state_type = fald.FaldState
-
-    def init_state(self, positions):
-        return fald.init(positions, self.potential.num_clients)
-
-    def step_inputs(self, num_iterations, coins):
-        pot = self.potential
-        leading = (num_iterations, self.plan.num_chains)
-        noise = client_noise(self.rng, leading, pot.num_clients, pot.dim, self.noise_corr, pot.dtype)
-        return noise, torch.as_tensor(coins["communicated"], device=pot.device)
-
-    def step(self, state, gradients, inputs, step_size):
-        noise, communicate = inputs
-        return fald.step(state, gradients, noise, communicate, self.network, step_size=step_size)
-
-    def statistics(self, state):
-        return {"dispersion": self.network.dispersion(state.clients)}
-
-    def position(self, state):
-        return fald.position(state, self.network)
+    def make_algorithm(self, **common) -> fald.Fald:
+        return fald.Fald(comm_prob=self.comm_prob, noise_corr=self.noise_corr, **common)
 
     def averages_every_iteration(self) -> bool:
         return self.comm_prob == 1.0
 
     def upload_rate(self) -> float:
         return self.comm_prob
-
-    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
-        return {"communicated": self.rng.coins(self.comm_prob, num_iterations, self.plan.num_chains)}
-
-    def traffic(self, coins):
-        return (*self.network.averages_traffic(fald.averages(coins["communicated"])), coins["communicated"])

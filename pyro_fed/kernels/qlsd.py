@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import numpy as np
 import torch
 
 from ..algorithms import adaptation, qlsd
@@ -75,7 +74,6 @@ class QlsdKernel(FederatedKernel):
     quantisation and participation) measured at draws of the Laplace approximation.
     """
 
-    state_type = qlsd.QlsdState
     #: the step is the server's, on the whole potential (not a client's, on its share)
     server_step = True
 
@@ -115,7 +113,6 @@ class QlsdKernel(FederatedKernel):
                 f'{control_variate!r} there are none: leave it out, or use control_variate="svrg".'
             )
         self.snapshot_every = check_positive_int("snapshot_every", snapshot_every, "chosen")
-        self._snapshot_every = self.snapshot_every
         if memory_rate is not None and not 0 <= memory_rate <= 1:
             raise ValueError(f"memory_rate must be in [0, 1] or None (the default); got {memory_rate!r}.")
         self.memory_rate = memory_rate
@@ -133,22 +130,32 @@ class QlsdKernel(FederatedKernel):
             return float(self.memory_rate)
         return qlsd.memory_rate(self.control_variate, self.compressor.omega(self.potential.dim))
 
-    def init_state(self, positions):
+    def make_algorithm(self, **common) -> qlsd.Qlsd:
         pot = self.potential
-        self._memory_rate = self.current_memory_rate()
-        if self.control_variate == "svrg":
+        snapshot_every = self.snapshot_every
+        if self.control_variate == "svrg" and snapshot_every is None and not self.full_local_batches:
             # with full local batches the SVRG estimate is the exact gradient: snapshots would be useless
-            self._snapshot_every = self.snapshot_every
-            if self._snapshot_every is None and not self.full_local_batches:
-                self._snapshot_every = math.ceil(
-                    1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
-                )
-            return qlsd.init(positions, pot.num_clients, self._full_gradients)
-        state = qlsd.init(positions, pot.num_clients, None)
-        if self.control_variate == "fixed_point":
-            point = self._fixed_point().to(positions)
-            state = qlsd.with_reference(state, point.expand_as(positions).clone(), state.reference_grads)
-        return state
+            snapshot_every = math.ceil(
+                1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
+            )
+        prior_gradient = None
+        if pot.prior_on_server:
+
+            def prior_gradient(points):
+                return pot.server_prior(points, gradient=True)
+
+        return qlsd.Qlsd(
+            compressor=self.compressor,
+            participation=self.participation,
+            control_variate=self.control_variate,
+            memory_rate=self.current_memory_rate(),
+            snapshot_every=snapshot_every if self.control_variate == "svrg" else None,
+            full_gradients=self._full_gradients,
+            fixed_point=self._fixed_point() if self.control_variate == "fixed_point" else None,
+            prior_gradient=prior_gradient,
+            exact_gradients=self.full_local_batches,
+            **common,
+        )
 
     def _fixed_point(self) -> torch.Tensor:
         pot = self.potential
@@ -174,64 +181,6 @@ class QlsdKernel(FederatedKernel):
             )
         return search.point
 
-    # ------------------------------------------------------------- iteration
-    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
-        b, chains = self.potential.num_clients, self.plan.num_chains
-        coins = {"active": self.rng.coins(self.participation, num_iterations, chains, b)}
-        if self.control_variate == "svrg" and self._snapshot_every is not None:
-            # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
-            iteration = self._computed + np.arange(1, num_iterations + 1)
-            coins["snapshot"] = np.repeat((iteration % self._snapshot_every == 0)[:, None], chains, 1)
-        return coins
-
-    def step_inputs(self, num_iterations, coins):
-        pot = self.potential
-        leading = (num_iterations, self.plan.num_chains)
-        noise = self.rng.normal(*leading, pot.dim, dtype=pot.dtype)
-        active = torch.as_tensor(coins["active"], device=pot.device)
-        if not self.compressor.random:
-            return noise, active
-        return noise, active, self.rng.uniform(*leading, pot.num_clients, pot.dim, dtype=pot.dtype)
-
-    def step(self, state, gradients, inputs, step_size):
-        noise, active, *uniforms = inputs
-        pot = self.potential
-        prior = None
-        if pot.prior_on_server:
-
-            def prior_gradient(points):
-                return pot.server_prior(points, gradient=True)
-
-            prior = qlsd.server_gradient(prior_gradient, state, self.control_variate)
-        return qlsd.step(
-            state,
-            gradients,
-            noise,
-            uniforms[0] if uniforms else None,
-            active,
-            self.network,
-            self.compressor,
-            step_size=step_size,
-            memory_rate=self._memory_rate,
-            control_variate=self.control_variate,
-            server_gradient=prior,
-            exact_gradients=self.full_local_batches,
-        )
-
-    def position(self, state):
-        return qlsd.position(state, self.network)
-
-    def event_iterations(self, coins):
-        return coins["snapshot"].any(1) if "snapshot" in coins else super().event_iterations(coins)
-
-    def event(self, state, coins):
-        return lambda after: qlsd.snapshot(after, self._full_gradients)
-
-    def traffic(self, coins):
-        # a snapshot sends theta to every client
-        message = self.compressor.bits(self.potential.dim)
-        return self.network.server_traffic(coins["active"].sum(-1), message, coins.get("snapshot"))
-
     def random_at_full_batch(self) -> bool:
         return self.compressor.random or self.participation < 1
 
@@ -241,29 +190,18 @@ class QlsdKernel(FederatedKernel):
         return 1 if self.control_variate is None or exact_svrg else 2
 
     def adaptation_noise(self, minibatch_gradients, mode, points):
-        # draws of the server's whole estimate g at typical points (at the mode a fixed point's estimate is
-        # exact), with the memories where they settle: at the clients' mean estimates, their full gradients
-        # (what is quantised is then only the estimates' fluctuation)
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        if self.control_variate is None:
-            estimates = minibatch_gradients(points)
-        else:
-            estimates = warmup.control_variate_error(minibatch_gradients, mode, points)
-        remembers = self.current_memory_rate() > 0
-        if self.control_variate == "svrg" or remembers:
+        memory_rate = self.current_memory_rate()
+        full = None
+        if self.control_variate == "svrg" or memory_rate > 0:
             full = self.potential.full_client_grads(mode)  # the clients' full gradients at the mode, once
-        if self.control_variate == "svrg":
-            estimates = estimates + full
-        uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
-        active = torch.rand(estimates.shape[:-1], generator=generator).to(mode.device) < self.participation
-        memory = full.expand_as(estimates) if remembers else torch.zeros_like(estimates)
-        uploads = self.compressor.compress(estimates - memory, uniforms)
-        return qlsd.aggregate(uploads, active, memory, self.network)[
-            ..., None, :
-        ]  # the server's estimate: b = 1
-
-    def coin_statistics(self, coins):
-        stats = {"active_clients": coins["active"].sum(-1)}
-        if "snapshot" in coins:
-            stats["snapshot"] = coins["snapshot"]
-        return stats
+        return qlsd.estimate_noise(
+            minibatch_gradients,
+            mode,
+            points,
+            full,
+            self.network,
+            self.compressor,
+            control_variate=self.control_variate,
+            participation=self.participation,
+            memory_rate=memory_rate,
+        )

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from ..algorithms import adaptation, vr_fald
-from . import warmup
 from .arguments import check_probability
 from .fald import FaldKernel
 
@@ -42,8 +38,6 @@ class VrFaldKernel(FaldKernel):
     The other arguments are those of :class:`~pyro_fed.FaldKernel`.
     """
 
-    state_type = vr_fald.VrFaldState
-
     def __init__(self, model, clients=None, *, refresh_prob: float | None = None, **kwargs):
         super().__init__(model, clients, **kwargs)
         self.refresh_prob = None if refresh_prob is None else check_probability("refresh_prob", refresh_prob)
@@ -54,53 +48,28 @@ class VrFaldKernel(FaldKernel):
         """:math:`q_c` of the current run: the user's, or the automatic one (``None`` before set-up)."""
         return self._refresh_prob
 
-    def init_state(self, positions):
+    def make_algorithm(self, **common) -> vr_fald.VrFald:
         self._refresh_prob = self.refresh_prob
         if self._refresh_prob is None:
             self._refresh_prob = adaptation.refresh_probability(
                 self.iteration_data(), self.potential.num_data
             )
-        # the clients upload their full gradients at the initial point and the server broadcasts the
-        # shift; counted as the two averages of a refresh, as the first draw's bits have always shown
-        self.network.record_averages(2)
-        return vr_fald.init(positions, self.potential.num_clients, self._full_gradients, self.network)
+        return vr_fald.VrFald(
+            comm_prob=self.comm_prob,
+            noise_corr=self.noise_corr,
+            refresh_prob=self._refresh_prob,
+            full_gradients=self._full_gradients,
+            exact_gradients=self.full_local_batches,
+            **common,
+        )
 
     def gradient_evaluations(self, minibatches: bool) -> int:
         # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
         return 2 if minibatches else 1
 
     def adaptation_noise(self, minibatch_gradients, mode, points):
-        return warmup.control_variate_error(minibatch_gradients, mode, points)
-
-    def step(self, state, gradients, inputs, step_size):
-        noise, communicate = inputs
-        return vr_fald.step(
-            state,
-            gradients,
-            noise,
-            communicate,
-            self.network,
-            step_size=step_size,
-            exact_gradients=self.full_local_batches,
-        )
-
-    def draw_coins(self, num_iterations: int) -> dict[str, np.ndarray]:
-        coins = super().draw_coins(num_iterations)
-        coins["refreshed"] = self.rng.coins(self._refresh_prob, num_iterations, self.plan.num_chains)
-        return coins
+        return adaptation.control_variate_error(minibatch_gradients, mode, points)
 
     def upload_rate(self) -> float:
         # see vr_fald.averages; automatic refreshes are rare (a tenth of the data evaluations)
         return self.comm_prob + 2 * (self.refresh_prob or 0.0)
-
-    def traffic(self, coins):
-        averaged = vr_fald.averages(coins["communicated"], coins["refreshed"])
-        return (*self.network.averages_traffic(averaged), coins["communicated"])
-
-    def event_iterations(self, coins):
-        return coins["refreshed"].any(1)
-
-    def event(self, state, coins):
-        chains = torch.as_tensor(np.flatnonzero(coins["refreshed"]), device=state.clients.device)
-        pair = vr_fald.refresh(state, chains, self._full_gradients, self.network)
-        return lambda after: vr_fald.replace_pair(after, chains, pair)

@@ -267,16 +267,6 @@ def _stiffness(
     return float(pot.network.maximum(largest).max()), pot.num_clients, 0, vector
 
 
-def control_variate_error(minibatch_gradients, mode: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """``[R, P, b, d]`` draws of a control variate's error: the same minibatch at a point and at the reference
-    point (the mode), at ``P`` points as far from it as two independent posterior draws are from each other
-    (:math:`\\sqrt 2` times as far as the typical ``points`` ``[P, d]``, draws of the Laplace
-    approximation, are from the mode)."""
-    apart = mode + math.sqrt(2.0) * (points - mode)
-    both = minibatch_gradients(torch.cat([apart, mode[None]]))
-    return both[:, :-1] - both[:, -1:]
-
-
 def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:
     """The mode of the potential ``pot`` by L-BFGS from ``start``
     (:func:`~pyro_fed.algorithms.mode.find_mode`: each evaluation is a round of uploads of every client's

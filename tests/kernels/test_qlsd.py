@@ -271,7 +271,7 @@ def test_svrg_with_full_local_batches_is_the_exact_gradient_without_snapshots():
         return run(kernel, (x, y), num_samples=50, warmup=0).get_samples()["w"], kernel
 
     svrg, kernel = draws(control_variate="svrg")
-    assert kernel._snapshot_every is None and "snapshot" not in kernel.sample_stats()
+    assert kernel.algorithm.snapshot_every is None and "snapshot" not in kernel.sample_stats()
     assert kernel.gradient_evaluations(minibatches=False) == 1
     plain, _ = draws(memory_rate=rate)
     torch.testing.assert_close(svrg, plain, rtol=0, atol=1e-12)

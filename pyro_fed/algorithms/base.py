@@ -1,0 +1,104 @@
+"""The contract every federated algorithm keeps.
+
+An :class:`Algorithm` is everything a kernel runs, as pure tensor code over the clients held here, meeting
+the other clients only through its :class:`~pyro_fed.network.base.Network`:
+
+- its **state**, a NamedTuple of tensors with a leading chain dimension (:attr:`~Algorithm.state_type`), and
+  :meth:`~Algorithm.init`, all clients of chain ``c`` at an initial point;
+- the **per-chunk inputs**: the host coins of a chunk (:meth:`~Algorithm.coins`: communication,
+  participation, refreshes) and the device randomness its iterations read (:meth:`~Algorithm.inputs`:
+  noise, compressor uniforms), drawn ahead so that an iteration is a fixed sequence of tensor operations;
+- the **step** (:meth:`~Algorithm.step`), one iteration given the clients' gradient estimates, and the
+  **reported position** (:meth:`~Algorithm.position`), the draw;
+- its **per-iteration traffic** (:meth:`~Algorithm.traffic`), the bits each iteration sent, counted on the
+  host from the coins;
+- its **out-of-step events** (:meth:`~Algorithm.event_iterations`, :meth:`~Algorithm.event`): rare, expensive
+  work (VR-FALD⋆'s refresh, QLSD++'s snapshot) that splits a chunk rather than sitting inside the compiled
+  iteration.
+
+An algorithm is built, its settings resolved, when a run starts; the Pyro adapter
+(:mod:`pyro_fed.kernels`) then only runs it: the iterations in chunks
+(:mod:`pyro_fed.engine.chunk_engine`), the divergence check, the buffers of draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ..engine.randomness import Randomness
+from ..network.base import Network
+
+
+@dataclass(kw_only=True)
+class Algorithm:
+    """What every federated algorithm provides; subclasses (one per algorithm module) add their settings.
+
+    :param network: where the clients meet.
+    :param int num_chains: independent chains ``C`` run together.
+    :param int num_clients: the clients ``b`` held here (all of them in one process).
+    :param int dim: the parameter dimension ``d``.
+    :param dtype: the floating type of the state.
+    :param device: the device of the state.
+    """
+
+    network: Network
+    num_chains: int
+    num_clients: int
+    dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    #: the state NamedTuple
+    state_type: ClassVar[type]
+
+    def init(self, positions: torch.Tensor):
+        """The initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
+        raise NotImplementedError
+
+    def coins(self, rng: Randomness, first_iteration: int, num_iterations: int) -> dict[str, np.ndarray]:
+        """The host coins of the ``num_iterations`` iterations from ``first_iteration`` on, ``{name: [K, C,
+        ...]}`` (booleans or iteration numbers)."""
+        raise NotImplementedError
+
+    def inputs(self, rng: Randomness, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """The device inputs of a chunk whose coins are ``coins``, each with a leading dimension of the
+        chunk's iterations: the coins as tensors and the randomness (noise, uniforms)."""
+        raise NotImplementedError
+
+    def step(self, state, gradients: Callable, inputs: tuple[torch.Tensor, ...], step_size: torch.Tensor):
+        """One iteration (a pure tensor function): the new state. ``gradients`` maps client points ``[...,
+        C, b, d]`` to this iteration's gradient estimates; ``inputs`` is this iteration's row of
+        :meth:`inputs`; ``step_size`` is :math:`\\gamma`, preconditioned (see
+        :func:`~pyro_fed.algorithms.langevin.langevin_step`)."""
+        raise NotImplementedError
+
+    def position(self, state) -> torch.Tensor:
+        """The global iterate of each chain, reported as its draw, ``[C, d]``."""
+        raise NotImplementedError
+
+    def statistics(self, state) -> dict[str, torch.Tensor]:
+        """Per-draw values of the state (``{name: [C, ...]}``; none by default)."""
+        return {}
+
+    def traffic(self, coins: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What each iteration of a chunk sent, from its coins: uploaded bits, downloaded bits (each summed
+        over all clients) and whether it was a communication round, each ``[K, C]``."""
+        raise NotImplementedError
+
+    def coin_statistics(self, coins: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The coins recorded per draw (``[K, C]``: booleans, or counts): all of them by default."""
+        return coins
+
+    def event_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
+        """``[K]`` bool: the iterations of a chunk preceded by an out-of-step event (none by default)."""
+        return np.zeros(len(next(iter(coins.values()))), dtype=bool)
+
+    def event(self, state, coins: dict[str, np.ndarray]) -> Callable:
+        """The out-of-step event before an iteration whose coins are ``coins`` (``{name: [C, ...]}``),
+        computed from the state before that iteration: the function then applied to the state after it."""
+        raise NotImplementedError
