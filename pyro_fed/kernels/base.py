@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import OrderedDict
@@ -17,7 +18,7 @@ from ..algorithms import adaptation, convergence
 from ..algorithms.base import Algorithm
 from ..algorithms.mode import MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
-from ..engine.compile import check_mode, inputs_signature
+from ..engine.compile import check_mode, inputs_signature, same_inputs
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
 from ..model.potential import FederatedPotential
@@ -56,7 +57,7 @@ class ChainPlan(NamedTuple):
     initial_params: dict | None
 
 
-class FederatedKernel(ChunkRunner, MCMCKernel):
+class FederatedKernel(MCMCKernel):
     """Base class of the federated kernels: a Pyro :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` that
     splits the model's data plate into clients and runs a federated algorithm, many iterations at a time.
 
@@ -144,6 +145,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
                 f"{type(network).__name__}."
             )
         self._network = network
+        self._in_process = InProcessNetwork()  # the default, one per kernel: its runs keep their iteration
         self.gradient_mode = check_mode(gradient_mode)
         self.clients = clients
         self.step_size = None if step_size is None else check_positive("step_size", step_size)
@@ -170,8 +172,9 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         self._chain = 0
         self._served = 0  # draws served to MCMC in the current chain
         self._iterations_needed = None
-        self._engine = None  # the prepared iteration (see ChunkRunner.engine)
-        self._engine_inputs: list = []
+        #: the run's iterations (:class:`~pyro_fed.kernels.chunks.ChunkRunner`), built at set-up
+        self.runner: ChunkRunner | None = None
+        self._engine_signature: list = []  # what the runner's prepared iteration was prepared for
         self._convergence = None  # the end-of-run check, once computed
 
     # ------------------------------------------------------- subclass API
@@ -213,9 +216,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             return
         self._warmup_steps = warmup_steps
         self._convergence = None
-        network = self._network or InProcessNetwork()
+        network = self._network or self._in_process
         self.potential = pot = self.build_potential(*args, network=network, **kwargs)
-        self._model_inputs = inputs_signature(args, kwargs)
         check_batch_size_fits(self.batch_size, pot.all_client_sizes)
         num_chains = self.plan.num_chains
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible; the first holder's
@@ -223,7 +225,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         seed, adaptation_seed = network.share(torch.randint(0, 2**62, (2,), device="cpu").tolist())
         self.rng = Randomness(seed, pot.device)
         self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
-        self._chain, self._served, self._computed = 0, 0, 0
+        self._chain, self._served = 0, 0
         self._initial_params = self._initial_values(num_chains)
         positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
         positions = network.share(positions)
@@ -246,8 +248,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             )
             pot.check_initial_points(positions)
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        #: the algorithm this run runs
-        self.algorithm = self.make_algorithm(
+        algorithm = self.make_algorithm(
             network=network,
             num_chains=num_chains,
             num_clients=pot.num_clients,
@@ -255,20 +256,20 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             dtype=pot.dtype,
             device=pot.device,
         )
-        self._state = tuple(self.algorithm.init(positions))
+        state = tuple(algorithm.init(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
         # (noise, quantisation)
         per_iteration = num_chains * pot.num_clients * (2 * (batch or 0) + pot.dim)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // thinning)
-        self._chunk = draws_per_chunk * thinning
-        self.minibatches = (
+        chunk = draws_per_chunk * thinning
+        minibatches = (
             None
             if self.full_local_batches
             else MinibatchSampler(
                 pot.client_indices,
                 self.current_batch_size,
-                chunk_size=self._chunk,
+                chunk_size=chunk,
                 num_chains=num_chains,
                 rng=self.rng,
                 dtype=pot.dtype,
@@ -276,13 +277,62 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         )
         # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),
         # and the explosion bounds
-        self._constants = (
+        constants = (
             adaptation.preconditioned_step(self.current_step_size, inverse_mass),
             positions.clone(),
             EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
         )
         # later chains are served from the buffer only when a run will ask for them
         self._buffer = DrawBuffer(thinning, keep=num_chains > 1 and self._iterations_needed is not None)
+        self.runner = ChunkRunner(
+            algorithm,
+            state,
+            pot,
+            self.rng,
+            minibatches,
+            self._buffer,
+            constants,
+            chunk=chunk,
+            iterations_needed=self._iterations_needed,
+            # a model evaluated client by client is run as written (see FederatedPotential)
+            mode=self.gradient_mode if pot.gradients.vectorized else "eager",
+            what=f"the {type(self).__name__} iteration",
+            engine=self._kept_engine(algorithm, args, kwargs),
+        )
+
+    def _kept_engine(self, algorithm: Algorithm, args: tuple, kwargs: dict):
+        """The last run's prepared iteration when this run's is the same: the traced iteration holds the
+        data and the algorithm's settings as constants, so it is kept across runs and chains only while the
+        model's arguments are the same objects, unmodified, and the algorithm's settings are equal."""
+        # the number of chains only shapes the iteration, and the engine prepares one per shape
+        settings = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
+        del settings["num_chains"]
+        signature = inputs_signature(args, kwargs) + inputs_signature((), settings)
+        previous, self._engine_signature = self._engine_signature, signature
+        if self.runner is not None and same_inputs(previous, signature):
+            return self.runner.engine()
+        return None
+
+    @property
+    def algorithm(self) -> Algorithm | None:
+        """The run's :class:`~pyro_fed.algorithms.base.Algorithm` (``None`` before set-up)."""
+        return None if self.runner is None else self.runner.algorithm
+
+    @property
+    def minibatches(self) -> MinibatchSampler | None:
+        """The clients' minibatch sampler of the run (``None``: full local batches, or before set-up)."""
+        return None if self.runner is None else self.runner.minibatches
+
+    def engine(self):
+        """The run's prepared iteration (:class:`~pyro_fed.engine.chunk_engine.ChunkEngine`)."""
+        return self.runner.engine()
+
+    @property
+    def preparation_seconds(self) -> float:
+        """Seconds spent tracing and compiling (the iteration and the model's gradients) in this run."""
+        if self.runner is not None:
+            return self.runner.preparation_seconds
+        return 0.0 if self.potential is None else self.potential.preparation_seconds
 
     def _choose_step_and_preconditioner(self, start: torch.Tensor, seed: int) -> torch.Tensor:
         """Run the warm-up adaptation if anything is automatic (from chain 0's initial point ``start``, so
@@ -304,9 +354,22 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
             # the pilot gets as many upload rounds per particle as a chain's warm-up (see upload_rate), per
             # iteration of a draw
             pilot = self._warmup_steps * min(1.0, self.upload_rate())
-            self.adaptation = self.finish_adaptation(
-                warmup.adapt(self, start, seed, given, form, max_pilot_iterations=pilot)
+            sampler = warmup.Sampler(
+                name=type(self).__name__,
+                step_size=self.step_size,
+                thinning=self.thinning,
+                batch_size=self.batch_size,
+                chooses_batch_size=self.chooses_batch_size(),
+                server_step=self.server_step,
+                averages_every_iteration=self.averages_every_iteration(),
+                random_at_full_batch=self.random_at_full_batch(),
+                gradient_evaluations=self.gradient_evaluations(minibatches=True),
+                adaptation_noise=self.adaptation_noise,
+                chosen_step=self.chosen_step,
+                gradient_mode=self.gradient_mode,
             )
+            chosen = warmup.adapt(pot, sampler, start, seed, given, form, max_pilot_iterations=pilot)
+            self.adaptation = self.finish_adaptation(chosen)
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
@@ -439,8 +502,8 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
     # -------------------------------------------------------- serving the draws
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
-        if (draw + 1) * self.current_thinning > self._computed:
-            self._run_chunk()
+        if (draw + 1) * self.current_thinning > self.runner.computed:
+            self.runner.run_chunk()
         self._served += 1
         return self.potential.unconstrained_params(self._buffer.draw(draw, self._chain))
 
@@ -462,7 +525,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
         ``diverging`` (a step was reverted), ``uploaded_bits`` and ``downloaded_bits`` (cumulative, summed
         over clients, from the start of warm-up; the adaptation, done once for all chains, on chain 0's), the
-        algorithm's :meth:`statistics`
+        algorithm's :meth:`~pyro_fed.algorithms.base.Algorithm.statistics`
         (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
         VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
         say whether it happened in the draw's iterations, the counts are summed over them."""
@@ -500,7 +563,7 @@ class FederatedKernel(ChunkRunner, MCMCKernel):
         the warm-up's own (:meth:`warmup_problems`), with one warning naming what failed; the figures per
         coordinate (unconstrained, named ``site[index]``) and the problems. ``None`` for a kernel driven by
         hand."""
-        if self._iterations_needed is None or self._computed < self._iterations_needed:
+        if self._iterations_needed is None or self.runner.computed < self._iterations_needed:
             return None
         if self._convergence is None:
             pot = self.potential

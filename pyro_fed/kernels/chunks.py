@@ -1,10 +1,11 @@
-"""How a federated kernel computes its draws: a chunk of iterations at a time, as one prepared function.
+"""How a run computes its draws: a chunk of iterations at a time, as one prepared function.
 
-:class:`ChunkRunner` is the part of :class:`~pyro_fed.kernels.base.FederatedKernel` that runs: the
-iteration as a pure tensor function with the divergence revert (a select, not a branch), its pre-drawn
-inputs, the prepared engine (:mod:`pyro_fed.engine.chunk_engine`: traced or compiled once per shape, kept
-while the model's arguments are unchanged), the automatic compilation of long runs (``AUTO_COMPILE_SECONDS``),
-and the out-of-step events that split a chunk.
+:class:`ChunkRunner` is the part of a run that iterates, with explicit inputs: the run's
+:class:`~pyro_fed.algorithms.base.Algorithm` and its state, the potential's gradients, the randomness and
+the minibatches, the network, the draw buffer. It runs the iteration as a pure tensor function with the
+divergence revert (a select, not a branch), its pre-drawn inputs, the prepared engine
+(:mod:`pyro_fed.engine.chunk_engine`: traced or compiled once per shape), the automatic compilation of long
+runs (``AUTO_COMPILE_SECONDS``) and the out-of-step events that split a chunk.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..algorithms.base import Algorithm
+from ..data.minibatch import MinibatchSampler
 from ..engine.chunk_engine import ChunkEngine
-from ..engine.compile import same_inputs
+from ..engine.draws import DrawBuffer
+from ..engine.randomness import Randomness
+from ..model.potential import FederatedPotential
 
 #: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
 #: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times
@@ -26,11 +31,49 @@ AUTO_COMPILE_SECONDS = 20.0
 
 
 class ChunkRunner:
-    """The chunked iterations of a :class:`~pyro_fed.kernels.base.FederatedKernel`, which sets up what is
-    run here: the :class:`~pyro_fed.algorithms.base.Algorithm` and its state, the potential, the randomness,
-    the network and the buffers."""
+    """The iterations of one run of every chain, a chunk at a time.
 
-    def _gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    :param algorithm: the run's :class:`~pyro_fed.algorithms.base.Algorithm`.
+    :param state: its initial state, a tuple of tensors.
+    :param potential: the :class:`~pyro_fed.model.potential.FederatedPotential` whose gradients it reads.
+    :param rng: the run's :class:`~pyro_fed.engine.randomness.Randomness`.
+    :param minibatches: the clients' :class:`~pyro_fed.data.minibatch.MinibatchSampler` (``None``: full local
+        batches).
+    :param buffer: the :class:`~pyro_fed.engine.draws.DrawBuffer` the draws go to.
+    :param tuple constants: the tensors every iteration reads: the preconditioned step, the chains'
+        initial points and the explosion bounds of the divergence check.
+    :param int chunk: iterations per chunk.
+    :param iterations_needed: iterations the run needs (``None``: unknown, the kernel is driven by hand).
+    :param str mode: how the iteration is prepared (see :mod:`pyro_fed.engine.compile`).
+    :param str what: what the iteration is, for warnings (``"the FaldKernel iteration"``).
+    :param engine: a prepared iteration to keep (one of an earlier run on the same data and algorithm).
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        state: tuple,
+        potential: FederatedPotential,
+        rng: Randomness,
+        minibatches: MinibatchSampler | None,
+        buffer: DrawBuffer,
+        constants: tuple,
+        *,
+        chunk: int,
+        iterations_needed: int | None,
+        mode: str,
+        what: str,
+        engine: ChunkEngine | None = None,
+    ):
+        self.algorithm, self.state, self.potential, self.rng = algorithm, state, potential, rng
+        self.minibatches, self.buffer, self.constants = minibatches, buffer, constants
+        self.chunk, self.iterations_needed, self.mode, self.what = chunk, iterations_needed, mode, what
+        self.network = algorithm.network
+        #: iterations computed so far
+        self.computed = 0
+        self._engine = engine
+
+    def gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
         pot = self.potential
 
@@ -46,12 +89,12 @@ class ChunkRunner:
 
         return gradients
 
-    def _iteration(self, state, inputs, constants):
+    def iteration(self, state, inputs, constants):
         """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
         algorithm = self.algorithm
-        new = algorithm.step(algorithm.state_type(*state), self._gradients(indices), inputs, step_size)
+        new = algorithm.step(algorithm.state_type(*state), self.gradients(indices), inputs, step_size)
         valid = self.network.finite(new)
         valid = valid & ((algorithm.position(algorithm.state_type(*new)) - start).abs() <= bound).all(-1)
         # a diverging step is reverted without waiting for the device: select, don't branch
@@ -61,37 +104,24 @@ class ChunkRunner:
         new_state = algorithm.state_type(*new)
         return new, (algorithm.position(new_state), valid, *algorithm.statistics(new_state).values())
 
-    def _draw_inputs(self, num_iterations: int, coins: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-        inputs = self.algorithm.inputs(self.rng, coins)
-        if self.minibatches is None:
-            return inputs
-        return (self.minibatches()[:num_iterations], *inputs)
-
     def engine(self) -> ChunkEngine:
-        """The prepared iteration of this kernel. The traced iteration holds the data as constants, so it is
-        kept across runs and chains only while the model's arguments are the same objects, unmodified
-        (then it is prepared once per shape: a new number of chains is a new shape)."""
-        inputs = self._model_inputs
-        if self._engine is None or not same_inputs(self._engine_inputs, inputs):
-            # a model evaluated client by client is run as written (see FederatedPotential)
-            self._engine = self._new_engine(
-                self.gradient_mode if self.potential.gradients.vectorized else "eager"
-            )
-            self._engine_inputs = inputs
+        """The prepared iteration (prepared once per shape: a new number of chains is a new shape)."""
+        if self._engine is None:
+            self._engine = self._new_engine(self.mode)
         return self._engine
 
     def _new_engine(self, mode: str) -> ChunkEngine:
-        return ChunkEngine(self._iteration, mode, what=f"the {type(self).__name__} iteration")
+        return ChunkEngine(self.iteration, mode, what=self.what)
 
-    def _remaining_iterations(self) -> int | None:
+    def remaining_iterations(self) -> int | None:
         """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
-        return None if self._iterations_needed is None else self._iterations_needed - self._computed
+        return None if self.iterations_needed is None else self.iterations_needed - self.computed
 
     @property
     def preparation_seconds(self) -> float:
-        """Seconds spent tracing and compiling (the iteration and the model's gradients) in this run."""
+        """Seconds spent tracing and compiling (the iteration and the model's gradients)."""
         engine = 0.0 if self._engine is None else self._engine.preparation_seconds
-        return engine + (0.0 if self.potential is None else self.potential.preparation_seconds)
+        return engine + self.potential.preparation_seconds
 
     def _maybe_compile(self, seconds: float, event_seconds: float, num_iterations: int) -> None:
         """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
@@ -100,25 +130,31 @@ class ChunkRunner:
         theirs would (``event_seconds`` in the chunk): rare events are not worth a compilation."""
         if self._engine.mode != "auto":
             return
-        remaining = self._remaining_iterations()
+        remaining = self.remaining_iterations()
         ahead = (math.inf if remaining is None else remaining) / num_iterations
         if ahead * seconds > AUTO_COMPILE_SECONDS:
             self._engine = self._new_engine("compiled")
         if ahead * event_seconds > AUTO_COMPILE_SECONDS and self.potential.gradient_mode == "auto":
             self.potential.gradient_mode = "compiled"
 
-    def _run_chunk(self) -> None:
+    def _inputs(self, coins: dict[str, np.ndarray], num_iterations: int) -> tuple[torch.Tensor, ...]:
+        inputs = self.algorithm.inputs(self.rng, coins)
+        if self.minibatches is None:
+            return inputs
+        return (self.minibatches()[:num_iterations], *inputs)
+
+    def run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain."""
-        remaining = self._remaining_iterations()
-        num_iterations = self._chunk if remaining is None else min(self._chunk, remaining)
+        remaining = self.remaining_iterations()
+        num_iterations = self.chunk if remaining is None else min(self.chunk, remaining)
         start_time = time.perf_counter()
         algorithm = self.algorithm
-        coins = algorithm.coins(self.rng, self._computed, num_iterations)
-        inputs = self._draw_inputs(num_iterations, coins)
-        engine, state, outputs, start = self.engine(), self._state, [], 0
+        coins = algorithm.coins(self.rng, self.computed, num_iterations)
+        inputs = self._inputs(coins, num_iterations)
+        engine, state, outputs, start = self.engine(), self.state, [], 0
         preparation, event_seconds = engine.preparation_seconds, 0.0
         for k in np.flatnonzero(algorithm.event_iterations(coins)):
-            state, out = engine.run(state, inputs, self._constants, start, k)
+            state, out = engine.run(state, inputs, self.constants, start, k)
             outputs.append(out)
             event_start, prepared = time.perf_counter(), self.potential.preparation_seconds
             after = algorithm.event(algorithm.state_type(*state), {n: c[k] for n, c in coins.items()})
@@ -126,17 +162,17 @@ class ChunkRunner:
             event_seconds += (
                 time.perf_counter() - event_start - (self.potential.preparation_seconds - prepared)
             )
-            state, out = engine.run(state, inputs, self._constants, k, k + 1)
+            state, out = engine.run(state, inputs, self.constants, k, k + 1)
             outputs.append(out)
             state, start = tuple(after(algorithm.state_type(*state))), k + 1
-        state, out = engine.run(state, inputs, self._constants, start, num_iterations)
+        state, out = engine.run(state, inputs, self.constants, start, num_iterations)
         outputs.append(out)
-        self._state = state
-        self._computed += num_iterations
+        self.state = state
+        self.computed += num_iterations
         positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
         statistics = dict(zip(algorithm.statistics(algorithm.state_type(*state)), values, strict=True))
         bits = self.network.record(*algorithm.traffic(coins))
-        self._buffer.add(positions, valid, statistics, algorithm.coin_statistics(coins), bits)
+        self.buffer.add(positions, valid, statistics, algorithm.coin_statistics(coins), bits)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
         self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)

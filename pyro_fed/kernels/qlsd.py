@@ -138,12 +138,6 @@ class QlsdKernel(FederatedKernel):
             snapshot_every = math.ceil(
                 1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
             )
-        prior_gradient = None
-        if pot.prior_on_server:
-
-            def prior_gradient(points):
-                return pot.server_prior(points, gradient=True)
-
         return qlsd.Qlsd(
             compressor=self.compressor,
             participation=self.participation,
@@ -152,10 +146,14 @@ class QlsdKernel(FederatedKernel):
             snapshot_every=snapshot_every if self.control_variate == "svrg" else None,
             full_gradients=self._full_gradients,
             fixed_point=self._fixed_point() if self.control_variate == "fixed_point" else None,
-            prior_gradient=prior_gradient,
+            prior_gradient=self._server_prior_gradient if pot.prior_on_server else None,
             exact_gradients=self.full_local_batches,
             **common,
         )
+
+    def _server_prior_gradient(self, points: torch.Tensor) -> torch.Tensor:
+        # a method, not a closure: equal from run to run, so that the prepared iteration is kept
+        return self.potential.server_prior(points, gradient=True)
 
     def _fixed_point(self) -> torch.Tensor:
         pot = self.potential

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -32,25 +34,56 @@ PILOT_COMPILE_ITERATIONS = 5000
 MODE_REFINEMENTS = 2
 
 
+class Sampler(NamedTuple):
+    """What the warm-up must know of the sampler it adapts, given by its kernel."""
+
+    #: the kernel's name, for messages
+    name: str
+    #: the user's step size (``None``: to choose)
+    step_size: float | None
+    #: the user's thinning (``None``: to choose)
+    thinning: int | None
+    #: the user's minibatch size
+    batch_size: int | float | str | None
+    #: whether the warm-up chooses the minibatch size
+    chooses_batch_size: bool
+    #: whether a server steps on the whole potential (QLSD), rather than every client on its own
+    server_step: bool
+    #: whether every iteration ends with all clients at their average (FALD with ``comm_prob = 1``)
+    averages_every_iteration: bool
+    #: whether the gradient estimates are random even with full local batches
+    random_at_full_batch: bool
+    #: evaluations of each datum of a minibatch per iteration (2 for a control variate's two points)
+    gradient_evaluations: int
+    #: ``(minibatch_gradients, mode, points) -> [R, P, b, d]``: draws of what makes the estimates noisy
+    #: (:meth:`pyro_fed.FederatedKernel.adaptation_noise`)
+    adaptation_noise: Callable
+    #: the sampler's step size from the adaptation's step (a client's, or the server's)
+    chosen_step: Callable[[float], float]
+    #: how the pilot's iteration runs (see :mod:`pyro_fed.engine.compile`)
+    gradient_mode: str
+
+
 def adapt(
-    kernel,
+    pot,
+    sampler: Sampler,
     start: torch.Tensor,
     seed: int,
     inverse_mass: torch.Tensor | None = None,
     form: str = "auto",
     max_pilot_iterations: float = 0,
 ) -> adaptation.Adaptation:
-    """Choose what the user left automatic in ``kernel`` (its ``step_size``, ``preconditioner``,
-    ``batch_size`` and ``thinning``) from the curvature of its potential at the mode found from ``start``
-    (``[d]``) and at typical points, and from its estimator's gradient noise; the bits the clients upload
-    for it are counted on ``kernel.network``, on the first chain (the choice serves every chain).
+    """Choose what the user left automatic in a ``sampler`` (its ``step_size``, ``preconditioner``,
+    ``batch_size`` and ``thinning``) from the curvature of the potential ``pot`` at the mode found from
+    ``start`` (``[d]``) and at typical points, and from the sampler's gradient noise; the bits the clients
+    upload for it are counted on the potential's network, on the first chain (the choice serves every
+    chain).
     ``inverse_mass`` is the user's, if given; otherwise one of ``form`` (``"diagonal"``, ``"dense"`` or
     ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves a condition
     number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
     the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
     randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations`` per iteration
     of a draw: the kernels pass their warm-up's upload rounds, see ``upload_rate``)."""
-    pot = kernel.potential
     mode, inverse_mass, curvature, clients, condition, slowest, decrement, rounds = _mode_and_preconditioner(
         pot, start, inverse_mass, form
     )
@@ -61,29 +94,29 @@ def adapt(
     laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
     points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
     stiffness, clients_per_step, stiffness_rounds, _ = _stiffness(
-        kernel, torch.cat([mode[None], points]), root
+        pot, sampler, torch.cat([mode[None], points]), root
     )
     rounds += stiffness_rounds
     batch, noise, noise_rounds = _batch_and_noise(
-        kernel, seed, mode, points, root, stiffness, clients_per_step
+        pot, sampler, seed, mode, points, root, stiffness, clients_per_step
     )
     rounds += noise_rounds
-    step, pilot_iterations, pilot_time = kernel.step_size, 0, 0.0
-    thinning = kernel.thinning or 1
+    step, pilot_iterations, pilot_time = sampler.step_size, 0, 0.0
+    thinning = sampler.thinning or 1
     if step is None:
         client_step = adaptation.step_size(stiffness, noise, clients_per_step)
         # the pilot's budget is per iteration of a draw: the thinning of the step before the pilot
         draws = adaptation.thinning_for(client_step / clients_per_step, slowest)
         client_step, largest, pilot_rounds, pilot_iterations, pilot_time = _pilot(
-            kernel, points, root, client_step, clients_per_step, generator,
-            math.ceil(max_pilot_iterations * (kernel.thinning or draws)), noise,
+            pot, sampler, points, root, client_step, clients_per_step, generator,
+            math.ceil(max_pilot_iterations * (sampler.thinning or draws)), noise,
         )  # fmt: skip
         stiffness = max(stiffness, largest)
         rounds += pilot_rounds
-        step = kernel.chosen_step(client_step)
-        if kernel.thinning is None:
+        step = sampler.chosen_step(client_step)
+        if sampler.thinning is None:
             thinning = adaptation.thinning_for(client_step / clients_per_step, slowest)
-    kernel.network.record_averages(rounds, shared=True)
+    pot.network.record_averages(rounds, shared=True)
     return adaptation.Adaptation(
         step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations,
         pilot_time, decrement, batch, thinning, slowest, clients,
@@ -121,59 +154,58 @@ def _mode_and_preconditioner(pot, start: torch.Tensor, given: torch.Tensor | Non
     return search.point, inverse_mass, curvature, clients, condition, slowest, decrement, rounds
 
 
-def _batch_and_noise(kernel, seed, mode, points, root, stiffness: float, clients_per_step: int):
+def _batch_and_noise(
+    pot, sampler: Sampler, seed, mode, points, root, stiffness: float, clients_per_step: int
+):
     """The minibatch size (the user's, or chosen: :func:`~pyro_fed.algorithms.adaptation.choose_batch_size`
-    at the step the ``stiffness`` allows), the gradient noise of the kernel's estimator with it (0 for exact
+    at the step the ``stiffness`` allows), the gradient noise of the sampler's estimator with it (0 for exact
     gradients) and the rounds of uploads the measurements cost (each client uploads its variances)."""
-    pot = kernel.potential
-    if not kernel.chooses_batch_size():
-        batch = None if kernel.batch_size == "full" else kernel.batch_size
-        if batch is None and not kernel.random_at_full_batch():
+    if not sampler.chooses_batch_size:
+        batch = None if sampler.batch_size == "full" else sampler.batch_size
+        if batch is None and not sampler.random_at_full_batch:
             return None, 0.0, 0
-        profile = _noise_profile(kernel, seed, mode, points, root, batch)
+        profile = _noise_profile(pot, sampler, seed, mode, points, root, batch)
         return batch, adaptation.gradient_noise(profile, pot.network), 1
     sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.all_client_sizes.max()))
     full = None
-    if kernel.random_at_full_batch():
-        full = _noise_profile(kernel, seed, mode, points, root, None)
-    probed = _noise_profile(kernel, seed, mode, points, root, probe)
+    if sampler.random_at_full_batch:
+        full = _noise_profile(pot, sampler, seed, mode, points, root, None)
+    probed = _noise_profile(pot, sampler, seed, mode, points, root, probe)
     full = torch.zeros_like(probed) if full is None else full
     allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
     batch = adaptation.choose_batch_size(
-        full, probed, sizes, probe, allowed, kernel.gradient_evaluations(minibatches=True), pot.network
+        full, probed, sizes, probe, allowed, sampler.gradient_evaluations, pot.network
     )
     noise = adaptation.batch_noise(full, probed, sizes, probe, batch or int(sizes.max()), pot.network)
-    return batch, noise, 1 + (kernel.random_at_full_batch() or 0)
+    return batch, noise, 1 + (sampler.random_at_full_batch or 0)
 
 
-def _noise_profile(kernel, seed, mode, points, root, batch) -> torch.Tensor:
-    """The noise profile (:func:`~pyro_fed.algorithms.adaptation.noise_profile`) of the kernel's estimate
+def _noise_profile(pot, sampler: Sampler, seed, mode, points, root, batch) -> torch.Tensor:
+    """The noise profile (:func:`~pyro_fed.algorithms.adaptation.noise_profile`) of the sampler's estimate
     at the typical ``points`` with minibatches of ``batch`` (``None``: full local batches), from its
     ``adaptation_noise``."""
-    pot = kernel.potential
-    draws = kernel.adaptation_noise(_minibatch_gradients(kernel, seed, batch), mode, points)
+    draws = sampler.adaptation_noise(_minibatch_gradients(pot, seed, batch), mode, points)
     if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
         raise ValueError(
-            f"{type(kernel).__name__}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
+            f"{sampler.name}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
             f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
             f"b clients, or 1 for a server's estimate, d = {pot.dim})."
         )
     return adaptation.noise_profile(draws, root)
 
 
-def _pilot(kernel, points, root, step, clients_per_step, generator, max_iterations, noise):
+def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generator, max_iterations, noise):
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
     pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost, its iterations
     and the Langevin time they covered. Its iterations run on the engine of the chains
     (:mod:`pyro_fed.engine.chunk_engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
-    pot = kernel.potential
     stiffness_rounds, directions = [0], [None]
 
     def iteration(state, inputs, constants):
         h, root = constants
         return (adaptation.langevin_move(pot.total_gradient, state[0], inputs[0], h, root),), ()
 
-    mode = kernel.gradient_mode if pot.gradients.vectorized else "eager"
+    mode = sampler.gradient_mode if pot.gradients.vectorized else "eager"
     if mode == "auto":  # decided from the iterations planned, not from timings: the same choice every run
         planned = adaptation.PILOT_CHECKS * math.ceil(
             adaptation.PILOT_DURATION * clients_per_step / (adaptation.PILOT_CHECKS * step)
@@ -189,7 +221,7 @@ def _pilot(kernel, points, root, step, clients_per_step, generator, max_iteratio
         # from the last check's directions, which the particles' small moves barely change: a few power
         # iterations, to the 1% that a step needs
         largest, _, rounds, directions[0] = _stiffness(
-            kernel, x, root, start=directions[0], tolerance=adaptation.PILOT_TOLERANCE
+            pot, sampler, x, root, start=directions[0], tolerance=adaptation.PILOT_TOLERANCE
         )
         stiffness_rounds[0] += rounds
         return largest
@@ -243,19 +275,18 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
 
 
 def _stiffness(
-    kernel, points: torch.Tensor, root: torch.Tensor, **options
+    pot, sampler: Sampler, points: torch.Tensor, root: torch.Tensor, **options
 ) -> tuple[float, int, int, torch.Tensor]:
     """The stiffness that bounds the step, the largest over ``points``; the clients per step it is for
     (``adaptation.step_size``'s ``num_clients``); the rounds of uploads it cost; and the power iteration's
     last directions (``options`` go to :func:`~pyro_fed.algorithms.adaptation.client_stiffness`)."""
-    pot = kernel.potential
-    if kernel.server_step or kernel.averages_every_iteration():
+    if sampler.server_step or sampler.averages_every_iteration:
         # the server steps on the whole potential, or the clients' steps from their common average are one
         # step of gamma / b on it: the stiffness of the sum of the clients' Hessians (per client, then)
         def total_gradient(at: torch.Tensor) -> torch.Tensor:
             return pot.total_gradient(at[:, 0])[:, None]
 
-        clients_per_step = 1 if kernel.server_step else pot.num_clients
+        clients_per_step = 1 if sampler.server_step else pot.network.num_clients
         largest, iterations, vector = adaptation.client_stiffness(total_gradient, points, root, 1, **options)
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
@@ -264,7 +295,7 @@ def _stiffness(
     largest, _, vector = adaptation.client_stiffness(
         pot.full_gradient_fn, points, root, pot.num_clients, **options
     )
-    return float(pot.network.maximum(largest).max()), pot.num_clients, 0, vector
+    return float(pot.network.maximum(largest).max()), pot.network.num_clients, 0, vector
 
 
 def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:
@@ -274,11 +305,10 @@ def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:
     return mode_search.find_mode(pot.potential, pot.gradient, start, **options)
 
 
-def _minibatch_gradients(kernel, seed: int, batch: int | float | None):
+def _minibatch_gradients(pot, seed: int, batch: int | float | None):
     """``points [P, d] -> [R, P, b, d]``: every client's minibatch gradient at each point, on ``R`` fresh
     minibatches of ``batch`` points (the same minibatch at the ``P`` points); ``None``: the full local
     gradients, the same for every ``R``."""
-    pot = kernel.potential
     if batch is None:
         return lambda points: pot.full_client_grads(
             points[:, None, :].expand(-1, pot.num_clients, -1)

@@ -103,7 +103,7 @@ class FederatedPotential:
         self.num_clients = len(self.client_indices)
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
         #: every client's data size in the global client order, wherever the clients are held (the held
-        #: clients' are :attr:`client_sizes`)
+        #: clients' are ``client_sizes``)
         self.all_client_sizes = self.network.gather(self.client_sizes, -1)
         held = self.network.held(len(self.all_client_sizes))
         self.prior_weights = make_prior_weights(prior_weights, self.all_client_sizes, self.dtype)[held]

@@ -356,7 +356,7 @@ def test_preconditioner_forms_can_be_chosen_and_a_dense_matrix_given():
     )
     draws = run(given, (x, y), num_samples=20, warmup=0).get_samples()["w"]
     assert given.adaptation is None and draws.isfinite().all()
-    drift, root = given._constants[0]
+    drift, root = given.runner.constants[0]
     torch.testing.assert_close(drift, 0.1 * covariance.to(draws))
     torch.testing.assert_close(root @ root.T, 0.1 * covariance.to(draws))
 

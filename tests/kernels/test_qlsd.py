@@ -220,7 +220,7 @@ def test_fixed_point_of_the_wrong_shape_is_refused_and_a_given_one_is_used():
         gradient_mode="traced",
     )
     run(kernel, (x, y), num_samples=2, warmup=0)
-    torch.testing.assert_close(kernel._state[2], point.expand(1, 3))
+    torch.testing.assert_close(kernel.runner.state[2], point.expand(1, 3))
     assert math.isclose(kernel.current_step_size, 1e-4)
 
 

@@ -115,7 +115,7 @@ def test_control_variate_at_reference_point_is_the_full_gradient(batch_size):
     torch.testing.assert_close(grads[0], full.mean(0).expand(4, 3))
     torch.testing.assert_close(grads[0].sum(0), full.sum(0))
     # and the initial reference gradients and shift are the full local gradients at the initial point
-    start = vr_fald.VrFaldState(*kernel._state)
+    start = vr_fald.VrFaldState(*kernel.runner.state)
     torch.testing.assert_close(start.reference_grads[0], pot.full_client_grads(start.reference[0]))
     torch.testing.assert_close(start.shift, start.reference_grads.mean(1))
 

@@ -1,0 +1,310 @@
+r"""Clients held in several processes: a :class:`~pyro_fed.network.base.Network` over a
+:mod:`torch.distributed` process group.
+
+The ``b`` clients of a run are split over the ``W`` ranks of the group in contiguous blocks, in their global
+order: rank ``r`` holds the clients
+
+.. math::
+
+    \lfloor r b / W \rfloor, \dots, \lfloor (r + 1) b / W \rfloor - 1
+
+(:meth:`TorchDistributedNetwork.held`), so that blocks differ in size by at most one client and every rank
+holds at least one when ``W <= b``. Each rank passes the network tensors that carry only its held clients on
+their client axis (``[C, b_r, d]``); the server's tensors (``[C, d]``, QLSD's :math:`\theta`) are replicated:
+every rank computes them, from the same reductions, to the same bits.
+
+The tensor operations run eagerly and inside a traced (:func:`~torch.fx.experimental.proxy_tensor.make_fx`)
+or TorchInductor-compiled iteration: they use only the functional collectives of
+:mod:`torch.distributed._functional_collectives`, which trace to graph nodes that return their result (the
+in-place :func:`torch.distributed.all_reduce` traces into a graph that silently returns its unreduced input).
+The set-up operations are host calls made once (the in-place collectives, pickled objects).
+
+A run under ``torchrun --nproc-per-node W script.py``, each rank loading only its own clients' data:
+
+.. code-block:: python
+
+    network = join()  # the group torchrun describes in the environment
+    rows, clients = shard(assignment, num_data, network)  # this rank's data rows and clients
+    kernel = FaldKernel(model, clients, network=network, ...)
+    MCMC(kernel, ...).run(x[rows], y[rows])
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from ..data.partition import to_index_lists
+from .base import Network
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "join", "shard"]
+
+#: seconds a rank waits for the others in a collective before failing: longer than a first compilation
+#: (tens of seconds) or a slow rank's set-up, so that the others wait for it rather than fail
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+# ``all_gather_single`` is the newer name of ``all_gather_tensor`` (deprecated since torch 2.6)
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
+def blocks(num_clients: int, world_size: int) -> list[slice]:
+    """The contiguous block of the ``num_clients`` global clients that each of ``world_size`` ranks holds:
+    rank ``r``'s is ``slice(r * b // W, (r + 1) * b // W)``."""
+    return [
+        slice(r * num_clients // world_size, (r + 1) * num_clients // world_size) for r in range(world_size)
+    ]
+
+
+class TorchDistributedNetwork(Network):
+    """The clients split over the ranks of a :mod:`torch.distributed` process group, rank ``r`` holding the
+    contiguous block :meth:`held`; every reduction over the clients is a collective of the group, and every
+    rank gets the same result, to the bit.
+
+    Every rank must make the same calls in the same order (a collective waits for all ranks): the kernels
+    do, since each call depends only on the run's global sizes, coins and the decisions taken through
+    :meth:`agree`.
+
+    :param group: the process group (``None``: the default group, initialized for example by :func:`join`).
+    :param bool ordered: sum over the ranks by gathering their partial sums and adding them in rank order on
+        every rank (the default), so that the sums are the same on every rank and from run to run whatever
+        the backend's reduction algorithm; ``False`` uses the backend's all-reduce, which sends less for a
+        large group but leaves the order of the additions, and the bits that follow, to the backend.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, ordered: bool = True):
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "TorchDistributedNetwork needs an initialized torch.distributed process group: call "
+                "pyro_fed.network.distributed.join() (under torchrun) or "
+                "torch.distributed.init_process_group first."
+            )
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.ordered = bool(ordered)
+        # host collectives run on the device the backend communicates from: the CPU for gloo, the current
+        # GPU for NCCL
+        backend = str(dist.get_backend(self.group)).lower()
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+        )
+
+    def attach(self, num_clients: int, dim: int, num_chains: int = 1) -> TorchDistributedNetwork:
+        """Size the network for a run of ``num_clients`` clients in all (the global count), as
+        :meth:`~pyro_fed.network.base.Network.attach`; the ranks check that they agree on the sizes (a
+        mismatch would otherwise hang in a collective or mix different runs)."""
+        sizes = (int(num_clients), int(dim), int(num_chains))
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, sizes, group=self.group)
+        if any(other != sizes for other in everyone):
+            raise ValueError(
+                f"the ranks attach different runs (num_clients, dim, num_chains): {everyone}; every rank "
+                "must give the global number of clients and the same sizes."
+            )
+        self._check_blocks(sizes[0])
+        return super().attach(*sizes)
+
+    # ------------------------------------------------------------- tensors
+    def sum(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        return self._sum_over_ranks(values.sum(dim))
+
+    def average(self, uploads: torch.Tensor) -> torch.Tensor:
+        return self.sum(uploads) / self.num_clients
+
+    def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        # the maximum does not depend on the order of the comparisons: the backend's reduction is exact
+        return _waited(funcol.all_reduce(values.amax(dim).contiguous(), "max", self.group))
+
+    def finite(self, tensors) -> torch.Tensor:
+        # each rank's verdict per chain on what it holds (its clients' rows and its copy of the server's
+        # tensors, the same test as the one-process network's: a non-finite entry makes its sum non-finite),
+        # then the chain is valid if it is on every rank; the minimum of 0/1 is exact
+        local = torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
+        return _waited(funcol.all_reduce(local.to(torch.int32), "min", self.group)).bool()
+
+    def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
+        # every agent in the global order, then the held rows of Graph.mix computed from the whole
+        # [..., n, d] tensor exactly as the one-process network computes it (the product of the whole
+        # Laplacian, not of its held rows, whose blocked sums may round differently): the same bits, for
+        # the one-process cost of n^2 d per chain, and an all-gather of n d floats (a neighbour exchange
+        # would send fewer for sparse graphs)
+        everyone = self._gather_clients(agents)
+        held = self.held(self.num_clients)
+        laplacian = graph.laplacian.to(everyone)
+        return agents - consensus_size * (laplacian @ everyone)[..., held, :]
+
+    # ------------------------------------------------------------- set-up
+    def held(self, num_clients: int) -> slice:
+        """Rank ``r`` of ``W`` holds the global clients ``slice(r * b // W, (r + 1) * b // W)``: contiguous
+        blocks in rank order, whose sizes differ by at most one."""
+        self._check_blocks(num_clients)
+        return blocks(int(num_clients), self.world_size)[self.rank]
+
+    def gather(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """Every client's ``values`` in the global order (each rank's block after the previous rank's). The
+        blocks may differ in size (by one client under :meth:`held`'s rule, which is checked: each rank must
+        pass exactly its held clients): their sizes are gathered first, and the blocks padded to the largest
+        for the gather."""
+        dim = dim % values.dim()
+        sizes = self._host_all_gather(torch.tensor([values.shape[dim]], device=self.device))
+        sizes = [int(s) for s in sizes]
+        expected = [len(range(b.start, b.stop)) for b in blocks(sum(sizes), self.world_size)]
+        if sizes != expected:
+            raise ValueError(
+                f"the ranks hold {sizes} clients; with {sum(sizes)} clients over {self.world_size} ranks, "
+                f"rank r must hold the clients slice(r * b // W, (r + 1) * b // W), i.e. {expected} "
+                "(see pyro_fed.network.distributed.shard)."
+            )
+        largest = max(sizes)
+        padded = values.to(self.device)
+        if padded.shape[dim] < largest:
+            shape = list(padded.shape)
+            shape[dim] = largest - padded.shape[dim]
+            padded = torch.cat([padded, padded.new_zeros(shape)], dim)
+        parts = self._host_all_gather(padded.contiguous())
+        return torch.cat(
+            [part.narrow(dim, 0, size) for part, size in zip(parts, sizes, strict=True)], dim
+        ).to(values.device)
+
+    def agree(self, flag: bool) -> bool:
+        vote = torch.tensor([int(bool(flag))], device=self.device)
+        dist.all_reduce(vote, dist.ReduceOp.MAX, group=self.group)
+        return bool(vote.item())
+
+    def share(self, value):
+        """The value of the group's rank 0 (a tensor, a number, or a list, tuple or dict of them), on every
+        rank; tensors travel through the host, and arrive on the device of this rank's own ``value`` (on the
+        CPU where it has none)."""
+        payload = [_on_cpu(value) if self.rank == 0 else None]
+        dist.broadcast_object_list(payload, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return value if self.rank == 0 else _like(payload[0], value)
+
+    def shard(self, clients, num_data: int) -> tuple[torch.LongTensor, list[torch.LongTensor]]:
+        """:func:`shard` with this network."""
+        return shard(clients, num_data, self)
+
+    # ------------------------------------------------------------- helpers
+    def _check_blocks(self, num_clients: int) -> None:
+        if not 1 <= self.world_size <= int(num_clients):
+            raise ValueError(
+                f"{num_clients} clients cannot be split over {self.world_size} ranks: every rank must hold "
+                "at least one client; use at most as many ranks as clients."
+            )
+
+    def _sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
+        if self.ordered:
+            # [W, ...] partial sums, added in rank order: the same operation on the same inputs everywhere
+            return _all_gather(partial.unsqueeze(0).contiguous(), 0, self.group).sum(0)
+        return _waited(funcol.all_reduce(partial.contiguous(), "sum", self.group))
+
+    def _gather_clients(self, values: torch.Tensor) -> torch.Tensor:
+        """A traceable all-gather of the held clients ``[..., b_r, d]`` into all of them, ``[..., b, d]``, in
+        the global order. The blocks' sizes follow from the attached count: each block is padded to the
+        largest, and the padding dropped after the gather."""
+        sizes = [s.stop - s.start for s in blocks(self.num_clients, self.world_size)]
+        largest = max(sizes)
+        rows = values.movedim(-2, 0)  # the gather concatenates along the first axis
+        if rows.shape[0] < largest:
+            rows = torch.cat([rows, rows.new_zeros(largest - rows.shape[0], *rows.shape[1:])])
+        gathered = _all_gather(rows.contiguous(), 0, self.group)  # [W * largest, ..., d]
+        if any(size != largest for size in sizes):
+            gathered = torch.cat([gathered.narrow(0, r * largest, size) for r, size in enumerate(sizes)])
+        # contiguous, as a one-process [..., b, d] tensor is, so that what follows computes the same bits
+        return gathered.movedim(0, -2).contiguous()
+
+    def _host_all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor, group=self.group)
+        return parts
+
+
+def shard(clients, num_data: int, network: Network) -> tuple[torch.LongTensor, list[torch.LongTensor]]:
+    """The part of a global client assignment that this rank holds: which data rows it must load, and its
+    clients' indices into those rows.
+
+    :param clients: the global assignment of the ``num_data`` points to the ``b`` clients, in any form that
+        :func:`~pyro_fed.data.partition.to_index_lists` accepts (client ids ``[N]``, ``b`` index tensors, a
+        number of i.i.d. clients); the same on every rank.
+    :param int num_data: ``N``, the points of the whole data plate.
+    :param network: the network that says which clients are held here (:meth:`~Network.held`).
+    :returns: ``(rows, local)``: ``rows``, the sorted global indices of the data points of the held clients
+        (``LongTensor``), and ``local``, one index tensor per held client, in the global client order, into
+        the loaded rows ``data[rows]`` (a partition of ``range(len(rows))``, to pass as a kernel's
+        ``clients``).
+
+    Example, on one process (which holds every client):
+
+        >>> from pyro_fed.network.in_process import InProcessNetwork
+        >>> rows, local = shard(torch.tensor([1, 0, 1, 0]), 4, InProcessNetwork())
+        >>> rows.tolist(), [ix.tolist() for ix in local]
+        ([0, 1, 2, 3], [[1, 3], [0, 2]])
+    """
+    parts = to_index_lists(clients, num_data)
+    held = parts[network.held(len(parts))]
+    rows = torch.cat(held).sort().values
+    # each held point's position among the loaded rows: rows is sorted and holds every held index
+    return rows, [torch.searchsorted(rows, part) for part in held]
+
+
+def join(
+    backend: str = "gloo",
+    *,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ordered: bool = True,
+) -> TorchDistributedNetwork:
+    """Join the process group that ``torchrun`` describes in the environment (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``; initialized here unless it already is) and return its
+    :class:`TorchDistributedNetwork`.
+
+    :param str backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (GPU tensors: each rank then uses the GPU of
+        its ``LOCAL_RANK``).
+    :param float timeout_seconds: how long a rank waits for the others in a collective before failing; the
+        default, :data:`DEFAULT_TIMEOUT_SECONDS` (10 minutes), leaves time for a rank's first compilation
+        (tens of seconds) while the others wait. Not applied to a group that is already initialized.
+    :param bool ordered: see :class:`TorchDistributedNetwork`.
+    """
+    if not dist.is_initialized():
+        if "nccl" in backend.lower():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_seconds))
+    return TorchDistributedNetwork(ordered=ordered)
+
+
+def _waited(tensor: torch.Tensor) -> torch.Tensor:
+    """An eager functional collective's result as a plain tensor (waited for); a traced one as it is."""
+    return tensor.wait() if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
+
+
+def _on_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return _rebuilt(value, [_on_cpu(v) for v in value])
+    return value
+
+
+def _like(received, mine):
+    """``received`` with its tensors on the devices of ``mine``'s (the same structure, or the CPU)."""
+    if isinstance(received, torch.Tensor):
+        return received.to(mine.device) if isinstance(mine, torch.Tensor) else received
+    if isinstance(received, dict):
+        mine = mine if isinstance(mine, dict) else {}
+        return {k: _like(v, mine.get(k)) for k, v in received.items()}
+    if isinstance(received, (list, tuple)):
+        mine = mine if isinstance(mine, Sequence) and len(mine) == len(received) else [None] * len(received)
+        return _rebuilt(received, [_like(v, m) for v, m in zip(received, mine, strict=True)])
+    return received
+
+
+def _rebuilt(sequence, items: list):
+    """A list or tuple of the type of ``sequence`` (a named tuple too) holding ``items``."""
+    if isinstance(sequence, tuple) and hasattr(sequence, "_fields"):
+        return type(sequence)(*items)
+    return type(sequence)(items)
