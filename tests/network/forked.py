@@ -9,8 +9,9 @@ parent's but its memory: each joins the group itself, and exits with :func:`os._
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing
+import os
+import pickle
 import socket
 import time
 import traceback
@@ -29,7 +30,9 @@ def run_forked(
 ) -> list:
     """``[function(rank, world_size, network) for rank in range(world_size)]``, each call in its own forked
     process, a rank of a gloo group on 127.0.0.1 with ``network`` its
-    :class:`~pyro_fed.network.distributed.TorchDistributedNetwork` (``options`` go to it).
+    :class:`~pyro_fed.network.distributed.TorchDistributedNetwork`, from
+    :func:`~pyro_fed.network.distributed.join` given the environment ``torchrun`` sets (``options`` go to
+    it).
 
     The results must be picklable; their tensors come back on the CPU. If a rank raises, or the ranks have
     not all answered after ``timeout_seconds``, the other ranks are killed and a :class:`RuntimeError`
@@ -64,7 +67,7 @@ def run_forked(
             for receiver in ready:
                 rank = waiting.pop(receiver)
                 try:
-                    status, value = receiver.recv()
+                    status, value = pickle.loads(receiver.recv_bytes())
                 except EOFError:
                     processes[rank].join(5)
                     code = processes[rank].exitcode
@@ -85,23 +88,27 @@ def run_forked(
 
 
 def _child(function, rank, world_size, port, timeout_seconds, options, sender) -> None:
-    from pyro_fed.network.distributed import TorchDistributedNetwork
+    from pyro_fed.network.distributed import join
 
     try:
         # two ranks on two cores: one thread each, rather than both fighting for both cores
         torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_seconds),
+        # the environment torchrun would set: the group is joined as a script run by torchrun joins it
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
         )
-        result = function(rank, world_size, TorchDistributedNetwork(**options))
-        sender.send(("ok", _on_cpu(result)))
+        network = join("gloo", timeout_seconds=timeout_seconds, **options)
+        result = function(rank, world_size, network)
+        # pickled here, by value: the connection's own pickler would share the tensors' memory with a
+        # process that exits right after
+        sender.send_bytes(pickle.dumps(("ok", _on_cpu(result))))
         dist.destroy_process_group()
     except BaseException:  # every failure goes to the parent, which reports it with its rank
-        sender.send(("error", traceback.format_exc()))
+        sender.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     finally:
         sender.close()
 
