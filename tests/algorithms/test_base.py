@@ -33,16 +33,9 @@ def test_fald_run_by_its_contract_has_its_exact_stationary_law():
     clients = heterogeneous_gaussian_clients(4, 2, mean_scale=1.0, seed=3)
     step, comm_prob, chains, iterations, burn_in = 0.05, 0.5, 8, 20000, 500
     network = InProcessNetwork().attach(clients.num_clients, clients.dim, chains)
-    algorithm = fald.Fald(
-        network=network,
-        num_chains=chains,
-        num_clients=clients.num_clients,
-        dim=clients.dim,
-        dtype=torch.float64,
-        device=torch.device("cpu"),
-        comm_prob=comm_prob,
-        noise_corr=1.0,
-    )
+    sizes = {"num_chains": chains, "num_clients": clients.num_clients, "dim": clients.dim}
+    where = {"dtype": torch.float64, "device": torch.device("cpu")}
+    algorithm = fald.Fald(network=network, comm_prob=comm_prob, noise_corr=1.0, **sizes, **where)
     start = clients.posterior()[0].expand(chains, -1)
     draws, traffic = run_by_contract(algorithm, start, clients.gradients, torch.tensor(step), iterations)
     law = fald_stationary_law(clients, step, comm_prob, 1.0)
