@@ -504,15 +504,17 @@ def choose_batch_size(
     variates, which evaluate each datum at two points). Smaller minibatches would make the noise, not the
     stability, set the step (a step proportional to :math:`n` for a cost that barely falls with it, since an
     iteration has a fixed cost); larger ones cost more for the same step."""
-    base = batch_noise(full, probe, client_sizes, probe_batch, int(client_sizes.max()), network)
-    low, high = 1, int(client_sizes.max())
+    largest = int(network.maximum(client_sizes, -1))  # over all clients, wherever they are held
+    base = batch_noise(full, probe, client_sizes, probe_batch, largest, network)
+    low, high = 1, largest
     while low < high:  # the noise falls as n grows
         middle = (low + high) // 2
         if batch_noise(full, probe, client_sizes, probe_batch, middle, network) <= base + allowed:
             high = middle
         else:
             low = middle + 1
-    if evaluations * int(client_batch_sizes(low, client_sizes).sum()) > int(client_sizes.sum()) / 2:
+    evaluated = int(network.sum(client_batch_sizes(low, client_sizes), -1))
+    if evaluations * evaluated > int(network.sum(client_sizes, -1)) / 2:
         return None
     return low
 

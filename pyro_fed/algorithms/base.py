@@ -73,8 +73,8 @@ class Algorithm:
     def step(self, state, gradients: Callable, inputs: tuple[torch.Tensor, ...], step_size: torch.Tensor):
         """One iteration (a pure tensor function): the new state. ``gradients`` maps client points ``[...,
         C, b, d]`` to this iteration's gradient estimates; ``inputs`` is this iteration's row of
-        :meth:`~pyro_fed.algorithms.base.Algorithm.inputs`; ``step_size`` is :math:`\\gamma`, preconditioned (see
-        :func:`~pyro_fed.algorithms.langevin.langevin_step`)."""
+        :meth:`~pyro_fed.algorithms.base.Algorithm.inputs`; ``step_size`` is :math:`\\gamma`,
+        preconditioned (see :func:`~pyro_fed.algorithms.langevin.langevin_step`)."""
         raise NotImplementedError
 
     def position(self, state) -> torch.Tensor:

@@ -169,11 +169,12 @@ class DulaKernel(FederatedKernel):
         graph = self._graph()
         # each coordinate in the Laplace approximation's posterior sds: its curvature shares and gradients
         total = adaptation.floored_curvature(chosen.curvature)
-        gradients = pot.full_client_grads(chosen.mode) / total.sqrt()
+        # the analysis reads every agent's share, wherever the agents are held
+        gradients = self.network.gather(pot.full_client_grads(chosen.mode)) / total.sqrt()
         self.network.record_averages(1, shared=True)
         step = dula.consensus_step(
             chosen.step_size,
-            chosen.client_curvatures / total,
+            self.network.gather(chosen.client_curvatures) / total,
             gradients,
             graph.laplacian,
             self._consensus_size(),

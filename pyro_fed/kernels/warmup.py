@@ -176,7 +176,9 @@ def _batch_and_noise(
     batch = adaptation.choose_batch_size(
         full, probed, sizes, probe, allowed, sampler.gradient_evaluations, pot.network
     )
-    noise = adaptation.batch_noise(full, probed, sizes, probe, batch or int(sizes.max()), pot.network)
+    noise = adaptation.batch_noise(
+        full, probed, sizes, probe, batch or int(pot.all_client_sizes.max()), pot.network
+    )
     return batch, noise, 1 + (sampler.random_at_full_batch or 0)
 
 

@@ -1,11 +1,11 @@
 """Clients held in several processes: a real gloo group on localhost (forked ranks, no mocks) gives, through
 :class:`~pyro_fed.network.distributed.TorchDistributedNetwork`, what the one-process network gives on the
-whole tensors — per operation, over hundreds of FALD, QLSD and D-ULA iterations, eager and traced — and
-the same bits on every rank.
+whole tensors — per operation, over hundreds of FALD, QLSD and D-ULA iterations, eager, traced and compiled
+— and the same bits on every rank.
 
-Every rank draws the whole problem and randomness from the same seeds and keeps its held clients' rows:
-the ranks then compute what the one process does, with the sums over the clients reassociated (each
-rank's partial sum, then the ranks'), to float64 rounding."""
+Every rank draws the whole problem and its randomness from the same seeds and keeps its held clients' rows:
+the ranks then compute what the one process does, with the sums over the clients reassociated (each rank's
+partial sum, then the ranks'), equal to float64 rounding."""
 
 import time
 
@@ -15,6 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyro_fed.algorithms import dula, fald, qlsd
 from pyro_fed.data.partition import iid, to_index_lists
+from pyro_fed.engine.compile import prepare
 from pyro_fed.network.compression import StochasticQuantizer
 from pyro_fed.network.distributed import TorchDistributedNetwork, blocks, shard
 from pyro_fed.network.graphs import make_graph
@@ -23,15 +24,16 @@ from pyro_fed.network.in_process import InProcessNetwork
 from .forked import run_forked
 
 CHAINS, DIM, ITERATIONS = 2, 3, 300
-#: the clients of the two-rank group: blocks of 2 and 3, uneven
-CLIENTS = 5
-TOLERANCE = 1e-12
+#: the clients of the two-rank group (blocks of 2 and 3) and of the three-rank one (2, 2 and 3): uneven
+CLIENTS, CLIENTS_OF_THREE = 5, 7
 #: iterations of the traced runs (a trace replays the eager operations: a few show it)
 TRACED = 20
+TOLERANCE = 1e-12
 
 
+# ----------------------------------------------------------------- what every rank computes
 def problem(num_clients):
-    """Each client's Gaussian potential, gradient :math:`A_i x - c_i` (``A_i`` SPD), the same on every
+    """Each client's Gaussian potential, of gradient :math:`A_i x - c_i` (``A_i`` SPD), the same on every
     rank."""
     generator = torch.Generator().manual_seed(1)
     roots = torch.randn(num_clients, DIM, DIM, generator=generator, dtype=torch.float64)
@@ -47,7 +49,7 @@ def gradient(curvatures, centres):
 
 
 def draws(num_clients, seed=2):
-    """The runs' randomness for all clients, the same on every rank."""
+    """The runs' randomness for all the clients, the same on every rank."""
     generator = torch.Generator().manual_seed(seed)
     shape = (ITERATIONS, CHAINS, num_clients, DIM)
     return {
@@ -60,9 +62,23 @@ def draws(num_clients, seed=2):
     }
 
 
-def run_fald(network, held, num_clients, iterations=ITERATIONS, prepare=None):
-    """FALD on the ``held`` clients; ``prepare`` maps the iteration (a function of the clients, noise and
-    coins) to what runs (a traced graph...)."""
+def eager(function, example_args):
+    return function
+
+
+def traced(function, example_args):
+    return make_fx(function)(*example_args)
+
+
+def compiled(function, example_args):
+    prepared = prepare(function, example_args, "compiled", what="a FALD iteration")
+    assert prepared.mode == "compiled", "TorchInductor did not compile the iteration (see the warning)"
+    return prepared
+
+
+def run_fald(network, held, num_clients, iterations=ITERATIONS, preparing=eager):
+    """FALD on the ``held`` clients, as a chunk runs it (the divergence check and the dispersion in the
+    iteration): ``(position, clients)``. ``preparing`` maps the iteration and example inputs to what runs."""
     curvatures, centres = problem(num_clients)
     r = draws(num_clients)
     network.attach(num_clients, DIM, CHAINS)
@@ -70,33 +86,27 @@ def run_fald(network, held, num_clients, iterations=ITERATIONS, prepare=None):
     step_size = torch.tensor(0.05)
 
     def iteration(clients, noise, communicate):
-        return fald.step(fald.FaldState(clients), grads, noise, communicate, network, step_size=step_size)[0]
+        new = fald.step(fald.FaldState(clients), grads, noise, communicate, network, step_size=step_size)[0]
+        new = torch.where(network.finite((new,))[:, None, None], new, clients)
+        return new, network.dispersion(new)
 
     clients = fald.init(r["start"], held.stop - held.start).clients
-    run = (
-        iteration
-        if prepare is None
-        else prepare(iteration, (clients, r["noise"][0][:, held], r["communicate"][0]))
-    )
+    run = preparing(iteration, (clients, r["noise"][0][:, held], r["communicate"][0]))
     for k in range(iterations):
-        clients = run(clients, r["noise"][k][:, held], r["communicate"][k])
+        clients, _ = run(clients, r["noise"][k][:, held], r["communicate"][k])
     return fald.position(fald.FaldState(clients), network), clients
 
 
-def trace(function, example_args):
-    return make_fx(function)(*example_args)
-
-
-def run_qlsd(network, held, num_clients, iterations=ITERATIONS, traced=False):
+def run_qlsd(network, held, num_clients, iterations=ITERATIONS, preparing=eager):
+    """QLSD with a stochastic quantiser, partial participation and memories: ``(position, memories)``."""
     curvatures, centres = problem(num_clients)
     r = draws(num_clients)
     network.attach(num_clients, DIM, CHAINS)
     grads = gradient(curvatures[held], centres[held])
     compressor = StochasticQuantizer(2**4)
-    state = qlsd.init(r["start"], held.stop - held.start, None)
 
     def iteration(state, noise, uniforms, active):
-        return qlsd.step(
+        step = qlsd.step(
             qlsd.QlsdState(*state),
             grads,
             noise,
@@ -108,17 +118,21 @@ def run_qlsd(network, held, num_clients, iterations=ITERATIONS, traced=False):
             memory_rate=0.3,
             control_variate=None,
         )
+        return tuple(step)
 
     def inputs(k):
         return r["server_noise"][k], r["uniforms"][k][:, held], r["active"][k][:, held]
 
-    run = make_fx(lambda *a: tuple(iteration(*a)))(tuple(state), *inputs(0)) if traced else iteration
+    state = tuple(qlsd.init(r["start"], held.stop - held.start, None))
+    run = preparing(iteration, (state, *inputs(0)))
     for k in range(iterations):
-        state = qlsd.QlsdState(*run(tuple(state), *inputs(k)))
+        state = run(state, *inputs(k))
+    state = qlsd.QlsdState(*state)
     return qlsd.position(state, network), state.memory
 
 
-def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, traced=False):
+def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, preparing=eager):
+    """D-ULA over ``graph``: ``(position, agents)``."""
     curvatures, centres = problem(num_clients)
     r = draws(num_clients)
     network.attach(num_clients, DIM, CHAINS)
@@ -129,21 +143,21 @@ def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, traced=Fa
         return dula.step(dula.DulaState(agents), grads, noise, graph, alpha, beta, network)[0]
 
     agents = dula.init(r["start"], held.stop - held.start).clients
-    run = make_fx(iteration)(agents, r["noise"][0][:, held]) if traced else iteration
+    run = preparing(iteration, (agents, r["noise"][0][:, held]))
     for k in range(iterations):
         agents = run(agents, r["noise"][k][:, held])
     return dula.position(dula.DulaState(agents), network), agents
 
 
 def operations(network, held, num_clients):
-    """Every tensor operation on this rank's held rows of data drawn for all clients."""
+    """Every tensor operation on this rank's held rows of data drawn for all the clients."""
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(CHAINS, num_clients, DIM, generator=generator, dtype=torch.float64)
     scalars = torch.randn(CHAINS, num_clients, generator=generator, dtype=torch.float64)
     active = torch.rand(CHAINS, num_clients, generator=generator) < 0.5
     server = torch.randn(CHAINS, DIM, generator=generator, dtype=torch.float64)
     network.attach(num_clients, DIM, CHAINS)
-    # three chains: clean, a client's NaN (the last client, on the last rank), the server's inf
+    # three chains of a state: clean, a NaN of the last client (on the last rank), an inf of the server's
     clients3 = torch.randn(3, num_clients, DIM, generator=generator, dtype=torch.float64)
     clients3[1, -1, 0] = float("nan")
     server3 = torch.randn(3, DIM, generator=generator, dtype=torch.float64)
@@ -166,13 +180,8 @@ def operations(network, held, num_clients):
     }
 
 
-def expected_operations(num_clients):
-    """:func:`operations` by the one-process network, every client's rows."""
-    return operations(InProcessNetwork(), slice(0, num_clients), num_clients)
-
-
 def set_up(network, rank, world_size):
-    """The host operations."""
+    """The host operations, and the errors every rank raises alike."""
     held = network.held(CLIENTS)
     sizes = 10 * torch.arange(CLIENTS)[held] + 1
     generator = torch.Generator().manual_seed(4)
@@ -181,6 +190,8 @@ def set_up(network, rank, world_size):
         network.gather(torch.ones(3 if rank == 0 else 1), -1)  # blocks of 3 and 1, not 2 and 2
     with pytest.raises(ValueError, match="cannot be split over 2 ranks"):
         network.held(1)
+    with pytest.raises(ValueError, match="the ranks attach different runs"):
+        network.attach(CLIENTS if rank == 0 else 2, DIM, CHAINS)  # a rank counting its own clients
     return {
         "held": held,
         "sizes": network.gather(sizes, -1),
@@ -199,41 +210,46 @@ def shards(network):
 
 
 def two_ranks(rank, world_size, network):
-    """Every scenario of the two-rank group, in one group (a group's start costs more than most)."""
+    """Every scenario of the two-rank group, in one group."""
     torch.set_default_dtype(torch.float64)
     held = network.held(CLIENTS)
-    timings = {}
-
-    def timed(name, function, *args, **kwargs):
-        start = time.perf_counter()
-        out = function(*args, **kwargs)
-        timings[name] = time.perf_counter() - start
-        return out
-
-    unordered = TorchDistributedNetwork(ordered=False)
     ring = make_graph("ring", CLIENTS)
     return {
-        "set_up": timed("set_up", set_up, network, rank, world_size),
+        "set_up": set_up(network, rank, world_size),
         "shards": shards(network),
-        "operations": timed("operations", operations, network, held, CLIENTS),
-        "unordered": operations(unordered, held, CLIENTS),
-        "fald": timed("fald", run_fald, network, held, CLIENTS),
-        "qlsd": timed("qlsd", run_qlsd, network, held, CLIENTS),
-        "dula_ring": timed("dula_ring", run_dula, network, held, CLIENTS, ring),
+        "operations": operations(network, held, CLIENTS),
+        "unordered": operations(TorchDistributedNetwork(ordered=False), held, CLIENTS),
+        "fald": run_fald(network, held, CLIENTS),
+        "qlsd": run_qlsd(network, held, CLIENTS),
+        "dula_ring": run_dula(network, held, CLIENTS, ring),
         "dula_random": run_dula(network, held, CLIENTS, make_graph("erdos_renyi", CLIENTS, seed=1)),
         "fald_traced": (
-            timed("fald_traced", run_fald, network, held, CLIENTS, TRACED, prepare=trace),
+            run_fald(network, held, CLIENTS, TRACED, traced),
             run_fald(network, held, CLIENTS, TRACED),
         ),
         "qlsd_traced": (
-            run_qlsd(network, held, CLIENTS, TRACED, traced=True),
+            run_qlsd(network, held, CLIENTS, TRACED, traced),
             run_qlsd(network, held, CLIENTS, TRACED),
         ),
         "dula_traced": (
-            run_dula(network, held, CLIENTS, ring, TRACED, traced=True),
+            run_dula(network, held, CLIENTS, ring, TRACED, traced),
             run_dula(network, held, CLIENTS, ring, TRACED),
         ),
-        "timings": timings,
+    }
+
+
+def three_ranks(rank, world_size, network):
+    """Blocks of 2, 2 and 3 clients: the padded gathers."""
+    torch.set_default_dtype(torch.float64)
+    held = network.held(CLIENTS_OF_THREE)
+    graph = make_graph("erdos_renyi", CLIENTS_OF_THREE, seed=1)
+    return {
+        "held": held,
+        "sizes": network.gather(torch.arange(CLIENTS_OF_THREE)[held], -1),
+        "operations": operations(network, held, CLIENTS_OF_THREE),
+        "fald": run_fald(network, held, CLIENTS_OF_THREE, 100),
+        "dula": run_dula(network, held, CLIENTS_OF_THREE, graph, 100),
+        "dula_traced": run_dula(network, held, CLIENTS_OF_THREE, graph, 100, traced),
     }
 
 
@@ -242,41 +258,34 @@ def ranks():
     return run_forked(two_ranks, 2)
 
 
-def assert_bitwise_equal_across(ranks, key):
-    first = ranks[0][key]
-    for other in ranks[1:]:
-        for a, b in zip(first, other[key], strict=True):
-            assert torch.equal(a, b), key
-
-
-def held_rows(expected, rank, world_size, num_clients):
-    return expected[:, blocks(num_clients, world_size)[rank]]
-
-
-#: the operations whose result carries the held clients' rows; the others' is every rank's
+# ----------------------------------------------------------------- checks
+#: the operations whose result carries the held clients' rows; the others' is the same on every rank
 PER_CLIENT = ("broadcast", "average_where", "mix_ring", "mix_random")
+
+
+def held_rows(everyone, rank, world_size, num_clients):
+    return everyone[:, blocks(num_clients, world_size)[rank]]
+
+
+def check_operations(results, world_size, num_clients):
+    expected = operations(InProcessNetwork(), slice(0, num_clients), num_clients)
+    for rank, result in enumerate(results):
+        for name, value in result.items():
+            want = expected[name]
+            want = held_rows(want, rank, world_size, num_clients) if name in PER_CLIENT else want
+            assert value.dtype == want.dtype and value.shape == want.shape, name
+            torch.testing.assert_close(value, want, rtol=0, atol=TOLERANCE, msg=name)
+            # exact: counts, maxima, verdicts; and the mix, which computes the one-process product
+            if name in ("count", "maximum", "finite", "mix_ring", "mix_random"):
+                assert torch.equal(value, want), name
+            if name not in PER_CLIENT:  # the same bits on every rank
+                assert torch.equal(value, results[0][name]), name
+    assert results[0]["finite"].tolist() == [True, False, False]
 
 
 @pytest.mark.parametrize("key", ["operations", "unordered"])
 def test_each_operation_gives_the_one_process_result(ranks, key):
-    expected = expected_operations(CLIENTS)
-    for rank, result in enumerate(ranks):
-        for name, value in result[key].items():
-            want = held_rows(expected[name], rank, 2, CLIENTS) if name in PER_CLIENT else expected[name]
-            assert value.dtype == want.dtype and value.shape == want.shape, name
-            torch.testing.assert_close(value, want, rtol=0, atol=TOLERANCE, msg=name)
-    assert ranks[0][key]["finite"].tolist() == [True, False, False]
-    # a count is exact; the mix computes the one-process bits (the whole Laplacian's product)
-    assert torch.equal(ranks[0][key]["count"], expected["count"])
-    for name in ("mix_ring", "mix_random", "maximum", "finite"):
-        for rank, result in enumerate(ranks):
-            assert torch.equal(
-                result[key][name],
-                held_rows(expected[name], rank, 2, CLIENTS) if name in PER_CLIENT else expected[name],
-            ), name
-    for name, value in ranks[0][key].items():
-        if name not in PER_CLIENT:
-            assert torch.equal(value, ranks[1][key][name]), name
+    check_operations([r[key] for r in ranks], 2, CLIENTS)
 
 
 def test_the_set_up_operations(ranks):
@@ -295,8 +304,7 @@ def test_the_set_up_operations(ranks):
 
 
 def test_shards_cover_the_data_and_relabel_each_client(ranks):
-    ids = iid(23, CLIENTS, seed=1)
-    everyone = to_index_lists(ids, 23)
+    everyone = to_index_lists(iid(23, CLIENTS, seed=1), 23)
     for form in ("ids", "lists"):
         rows = [r["shards"][form][0] for r in ranks]
         assert torch.equal(torch.cat(rows).sort().values, torch.arange(23))  # every row, once
@@ -306,34 +314,75 @@ def test_shards_cover_the_data_and_relabel_each_client(ranks):
             assert len(local) == len(held)
             for mine, theirs in zip(local, held, strict=True):
                 assert torch.equal(loaded[mine], theirs)  # the relabelled indices read the client's points
-            # the local assignment is a valid one on the loaded rows
+            # a valid assignment of the loaded rows, for a kernel's clients=
             assert [len(ix) for ix in to_index_lists(local, len(loaded))] == [len(ix) for ix in held]
+
+
+def one_process(name, num_clients=CLIENTS, iterations=ITERATIONS):
+    everyone, network = slice(0, num_clients), InProcessNetwork()
+    if name == "fald":
+        return run_fald(network, everyone, num_clients, iterations)
+    if name == "qlsd":
+        return run_qlsd(network, everyone, num_clients, iterations)
+    graph = (
+        make_graph("ring", num_clients)
+        if name == "dula_ring"
+        else make_graph("erdos_renyi", num_clients, seed=1)
+    )
+    return run_dula(network, everyone, num_clients, graph, iterations)
+
+
+def check_run(results, expected, num_clients):
+    position, clients = expected
+    assert position.abs().max() > 0.1  # the chains moved
+    for rank, (got_position, got_clients) in enumerate(results):
+        torch.testing.assert_close(got_position, position, rtol=0, atol=TOLERANCE)
+        want = held_rows(clients, rank, len(results), num_clients)
+        torch.testing.assert_close(got_clients, want, rtol=0, atol=TOLERANCE)
+        assert torch.equal(got_position, results[0][0])  # the draws: the same bits on every rank
 
 
 @pytest.mark.parametrize("name", ["fald", "qlsd", "dula_ring", "dula_random"])
 def test_iterations_give_the_one_process_draws(ranks, name):
-    everyone = slice(0, CLIENTS)
-    network = InProcessNetwork()
-    if name == "fald":
-        expected = run_fald(network, everyone, CLIENTS)
-    elif name == "qlsd":
-        expected = run_qlsd(network, everyone, CLIENTS)
-    else:
-        graph = (
-            make_graph("ring", CLIENTS) if name == "dula_ring" else make_graph("erdos_renyi", CLIENTS, seed=1)
-        )
-        expected = run_dula(network, everyone, CLIENTS, graph)
-    position, clients = expected
-    assert position.abs().max() > 0.1  # the chains moved (a wrong run would not be all zeros)
-    for rank, r in enumerate(ranks):
-        torch.testing.assert_close(r[name][0], position, rtol=0, atol=TOLERANCE)
-        torch.testing.assert_close(r[name][1], held_rows(clients, rank, 2, CLIENTS), rtol=0, atol=TOLERANCE)
-    assert torch.equal(ranks[0][name][0], ranks[1][name][0])  # the draws: the same bits on every rank
+    check_run([r[name] for r in ranks], one_process(name), CLIENTS)
 
 
 @pytest.mark.parametrize("name", ["fald", "qlsd", "dula"])
 def test_traced_iterations_give_the_eager_ones(ranks, name):
-    # make_fx records the functional collectives as graph nodes: the graph replays the eager operations
+    # make_fx records the functional collectives as graph nodes, which the graph replays
     for r in ranks:
-        traced, eager = r[f"{name}_traced"]
-        assert torch.equal(traced[0], eager[0]) and torch.equal(traced[1], eager[1])
+        (traced_position, traced_clients), (eager_position, eager_clients) = r[f"{name}_traced"]
+        assert torch.equal(traced_position, eager_position) and torch.equal(traced_clients, eager_clients)
+
+
+def test_three_ranks_of_uneven_blocks():
+    results = run_forked(three_ranks, 3)
+    assert [r["held"] for r in results] == [slice(0, 2), slice(2, 4), slice(4, 7)]
+    for r in results:
+        assert torch.equal(r["sizes"], torch.arange(CLIENTS_OF_THREE))
+    check_operations([r["operations"] for r in results], 3, CLIENTS_OF_THREE)
+    check_run([r["fald"] for r in results], one_process("fald", CLIENTS_OF_THREE, 100), CLIENTS_OF_THREE)
+    expected = one_process("dula_random", CLIENTS_OF_THREE, 100)
+    check_run([r["dula"] for r in results], expected, CLIENTS_OF_THREE)
+    check_run([r["dula_traced"] for r in results], expected, CLIENTS_OF_THREE)
+
+
+def compiled_fald(rank, world_size, network):
+    torch.set_default_dtype(torch.float64)
+    held = network.held(CLIENTS)
+    start = time.perf_counter()
+    result = run_fald(network, held, CLIENTS, TRACED, compiled)
+    return result, run_fald(network, held, CLIENTS, TRACED), time.perf_counter() - start
+
+
+def test_a_compiled_iteration_gives_the_eager_one():
+    # TorchInductor compiles the functional collectives' nodes as they are (it may fuse the arithmetic
+    # around them differently: to rounding)
+    for result, eager_result, _ in run_forked(compiled_fald, 2):
+        for got, want in zip(result, eager_result, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=TOLERANCE)
+
+
+def test_a_network_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="needs an initialized torch.distributed process group"):
+        TorchDistributedNetwork()
