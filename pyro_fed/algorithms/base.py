@@ -56,6 +56,15 @@ class Algorithm:
     #: the state NamedTuple
     state_type: ClassVar[type]
 
+    def held(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """The held clients' part of ``values`` drawn for all the run's clients (axis ``dim``; a part
+        broadcast to every client, of size 1 there, as it is). Randomness is drawn for every client,
+        wherever it is held, and each holder keeps its own: a run's draws do not depend on where its clients
+        are held."""
+        if values.shape[dim] == 1:
+            return values
+        return values.narrow(dim, *_start_and_length(self.network.held(self.network.num_clients)))
+
     def init(self, positions: torch.Tensor):
         """The initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
         raise NotImplementedError
@@ -102,3 +111,7 @@ class Algorithm:
         """The out-of-step event before an iteration whose coins are ``coins`` (``{name: [C, ...]}``),
         computed from the state before that iteration: the function then applied to the state after it."""
         raise NotImplementedError
+
+
+def _start_and_length(held: slice) -> tuple[int, int]:
+    return held.start, held.stop - held.start

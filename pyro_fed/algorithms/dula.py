@@ -224,8 +224,9 @@ class Dula(Algorithm):
 
     def inputs(self, rng, coins):
         iterations = coins["iteration"]
-        noise = rng.normal(len(iterations), self.num_chains, self.num_clients, self.dim, dtype=self.dtype)
-        return noise, torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
+        agents = self.network.num_clients
+        noise = rng.normal(len(iterations), self.num_chains, agents, self.dim, dtype=self.dtype)
+        return self.held(noise), torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
 
     def step(self, state, gradients, inputs, step_size):
         noise, iteration = inputs

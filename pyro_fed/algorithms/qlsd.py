@@ -238,7 +238,8 @@ class Qlsd(Algorithm):
 
     def coins(self, rng, first_iteration, num_iterations):
         chains = self.num_chains
-        coins = {"active": rng.coins(self.participation, num_iterations, chains, self.num_clients)}
+        everyone = self.network.num_clients
+        coins = {"active": rng.coins(self.participation, num_iterations, chains, everyone)}
         if self.control_variate == "svrg" and self.snapshot_every is not None:
             # the snapshot is taken after iteration k when k + 1 is a multiple of l (theta_{k+1} = zeta)
             iteration = first_iteration + np.arange(1, num_iterations + 1)
@@ -248,10 +249,11 @@ class Qlsd(Algorithm):
     def inputs(self, rng, coins):
         leading = (len(coins["active"]), self.num_chains)
         noise = rng.normal(*leading, self.dim, dtype=self.dtype)
-        active = torch.as_tensor(coins["active"], device=self.device)
+        active = self.held(torch.as_tensor(coins["active"], device=self.device), -1)
         if not self.compressor.random:
             return noise, active
-        return noise, active, rng.uniform(*leading, self.num_clients, self.dim, dtype=self.dtype)
+        uniforms = rng.uniform(*leading, self.network.num_clients, self.dim, dtype=self.dtype)
+        return noise, active, self.held(uniforms)
 
     def step(self, state, gradients, inputs, step_size):
         noise, active, *uniforms = inputs

@@ -43,6 +43,11 @@ class MinibatchSampler:
     :param int num_chains: independent copies of the clients (chains), each with its own minibatches.
     :param rng: randomness (the device generator draws the sort keys).
     :param dtype: floating dtype of the datum weights.
+    :param all_client_sizes: where ``client_indices`` are the clients held here of a run whose clients are
+        held in several places: the data sizes of all of them (``[B]``), and
+    :param held: which of them are held here (a slice). The keys are then drawn for all ``B`` clients, as
+        one holder of all of them would, and each holder keeps its own clients' minibatches: the
+        minibatches do not depend on where the clients are held.
 
     Attributes: ``datum_weights`` ``[C·b, n]`` (``N_i / n_i`` on real entries, 0 on padding) and
     ``batch_sizes`` (the ``n_i``).
@@ -57,9 +62,17 @@ class MinibatchSampler:
         num_chains: int = 1,
         rng: Randomness,
         dtype: torch.dtype,
+        all_client_sizes: torch.Tensor | None = None,
+        held: slice | None = None,
     ):
         self.rng = rng
         device = rng.device
+        self.held = None
+        if all_client_sizes is not None and len(all_client_sizes) != len(client_indices):
+            # the others' rows only take their keys: placeholders of their sizes
+            self.held, self.num_chains = held, num_chains
+            placeholders = [torch.zeros(int(n), dtype=torch.long) for n in all_client_sizes]
+            client_indices = placeholders[: held.start] + list(client_indices) + placeholders[held.stop :]
         table, sizes = pad_indices(client_indices, device)  # [b, N_max], [b]
         batch = client_batch_sizes(batch_size, sizes)  # n_i
         per_epoch = sizes // batch  # m_i minibatches per permutation
@@ -88,8 +101,15 @@ class MinibatchSampler:
         self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), n)
         real = column < batch[:, None]
         weights = torch.where(real, (sizes / batch)[:, None].to(dtype), torch.zeros((), dtype=dtype))
-        self.datum_weights = weights.repeat(num_chains, 1)  # [C·b, n]
-        self.batch_sizes = batch.tolist()
+        self.datum_weights = self._held_rows(weights.repeat(num_chains, 1))  # [C·b, n]
+        self.batch_sizes = batch.tolist() if self.held is None else batch[self.held].tolist()
+
+    def _held_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """The held clients' rows of ``[..., C·B, n]`` rows of every client: ``[..., C·b, n]``."""
+        if self.held is None:
+            return values
+        per_chain = values.reshape(*values.shape[:-2], self.num_chains, -1, values.shape[-1])
+        return per_chain[..., self.held, :].reshape(*values.shape[:-2], -1, values.shape[-1])
 
     def __call__(self) -> torch.Tensor:
         """Indices ``[K, C·b, n]`` of the chunk's minibatches."""
@@ -97,4 +117,4 @@ class MinibatchSampler:
         keys = self.rng.uniform(*self.table.shape, dtype=torch.float64)
         keys = keys.masked_fill(self.padding, 2.0)  # padding sorts last
         permuted = self.table.gather(1, keys.argsort(1))
-        return permuted.view(-1)[self.gather]
+        return self._held_rows(permuted.view(-1)[self.gather])

@@ -259,7 +259,8 @@ class FederatedKernel(MCMCKernel):
         state = tuple(algorithm.init(positions))
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
         # (noise, quantisation)
-        per_iteration = num_chains * pot.num_clients * (2 * (batch or 0) + pot.dim)
+        # (for all clients: every holder of clients runs chunks of the same length)
+        per_iteration = num_chains * network.num_clients * (2 * (batch or 0) + pot.dim)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // thinning)
         chunk = draws_per_chunk * thinning
@@ -273,6 +274,8 @@ class FederatedKernel(MCMCKernel):
                 num_chains=num_chains,
                 rng=self.rng,
                 dtype=pot.dtype,
+                all_client_sizes=pot.all_client_sizes,
+                held=network.held(network.num_clients),
             )
         )
         # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),

@@ -136,7 +136,7 @@ class QlsdKernel(FederatedKernel):
         if self.control_variate == "svrg" and snapshot_every is None and not self.full_local_batches:
             # with full local batches the SVRG estimate is the exact gradient: snapshots would be useless
             snapshot_every = math.ceil(
-                1.0 / adaptation.refresh_probability(self.iteration_data(), pot.num_data)
+                1.0 / adaptation.refresh_probability(self.iteration_data(), int(pot.all_client_sizes.sum()))
             )
         return qlsd.Qlsd(
             compressor=self.compressor,

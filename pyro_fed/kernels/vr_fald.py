@@ -52,7 +52,7 @@ class VrFaldKernel(FaldKernel):
         self._refresh_prob = self.refresh_prob
         if self._refresh_prob is None:
             self._refresh_prob = adaptation.refresh_probability(
-                self.iteration_data(), self.potential.num_data
+                self.iteration_data(), int(self.potential.all_client_sizes.sum())
             )
         return vr_fald.VrFald(
             comm_prob=self.comm_prob,

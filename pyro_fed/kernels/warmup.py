@@ -322,6 +322,8 @@ def _minibatch_gradients(pot, seed: int, batch: int | float | None):
         num_chains=1,
         rng=Randomness(seed, pot.device),
         dtype=pot.dtype,
+        all_client_sizes=pot.all_client_sizes,
+        held=pot.network.held(pot.network.num_clients),
     )
     indices, weights = sampler(), sampler.datum_weights  # [R, b, n], [b, n]
 

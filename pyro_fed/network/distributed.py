@@ -11,7 +11,10 @@ order: rank ``r`` holds the clients
 (:meth:`TorchDistributedNetwork.held`), so that blocks differ in size by at most one client and every rank
 holds at least one when ``W <= b``. Each rank passes the network tensors that carry only its held clients on
 their client axis (``[C, b_r, d]``); the server's tensors (``[C, d]``, QLSD's :math:`\theta`) are replicated:
-every rank computes them, from the same reductions, to the same bits.
+every rank computes them, from the same reductions, to the same bits. The randomness of an iteration must
+be drawn for all ``b`` clients on every rank from the shared seed, each rank keeping its held clients'
+(as the one-process run draws it): a rank drawing only for its own clients would give the clients of
+different ranks the same draws, and count the bits of its own coins only.
 
 The tensor operations run eagerly and inside a traced (:func:`~torch.fx.experimental.proxy_tensor.make_fx`)
 or TorchInductor-compiled iteration: they use only the functional collectives of
@@ -42,7 +45,7 @@ import torch.distributed._functional_collectives as funcol
 from ..data.partition import to_index_lists
 from .base import Network
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "join", "shard"]
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "blocks", "join", "shard"]
 
 #: seconds a rank waits for the others in a collective before failing: longer than a first compilation
 #: (tens of seconds) or a slow rank's set-up, so that the others wait for it rather than fail
@@ -63,7 +66,7 @@ def blocks(num_clients: int, world_size: int) -> list[slice]:
 class TorchDistributedNetwork(Network):
     """The clients split over the ranks of a :mod:`torch.distributed` process group, rank ``r`` holding the
     contiguous block :meth:`held`; every reduction over the clients is a collective of the group, and every
-    rank gets the same result, to the bit.
+    rank gets the same result (to the bit, with ``ordered``).
 
     Every rank must make the same calls in the same order (a collective waits for all ranks): the kernels
     do, since each call depends only on the run's global sizes, coins and the decisions taken through
