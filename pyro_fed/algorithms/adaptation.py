@@ -172,7 +172,7 @@ class Adaptation(NamedTuple):
     client_curvatures: torch.Tensor | None = None
 
 
-def _hvp(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
+def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
     """Each client's Hessian at ``point`` (``[d]``, or one per row, ``[m, d]``) times its own tangent:
     ``tangents [m, b, d]`` -> ``[m, b, d]``."""
     points = (point if point.dim() == 1 else point[:, None, :]).expand(tangents.shape).contiguous()
@@ -201,7 +201,7 @@ def client_hessians(
     diagonals, rows = [], []
     for start in range(0, d, DIRECTIONS_PER_PASS):
         basis = eye[start : start + DIRECTIONS_PER_PASS]
-        products = _hvp(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
+        products = hessian_products(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
         diagonals.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
         if total:
             rows.append(network.sum(products))  # [m, d]: rows k of the summed Hessian
@@ -294,12 +294,14 @@ def client_stiffness(
     iterations: int = 100,
     tolerance: float = 1e-3,
     start: torch.Tensor | None = None,
+    products: Callable | None = None,
 ) -> tuple[torch.Tensor, int, torch.Tensor]:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
     inverse mass), the number of Lanczos iterations it took (each one Hessian-vector product per client
     and point), and the directions of the extreme eigenvalues found (``[P, b, d]``: a ``start`` for points
-    nearby).
+    nearby). ``products`` maps ``points`` and tangents ``[P, b, d]`` to the Hessians' products with them
+    (default: :func:`hessian_products` of ``client_gradients``).
 
     By the Lanczos method (with full reorthogonalisation), all points and clients at once, from ``start``
     (``[P, b, d]``) or a fixed pseudo-random start (so the result is reproducible): the extreme Ritz values
@@ -321,7 +323,11 @@ def client_stiffness(
     vector = basis[0]
     while done < min(iterations, dim):
         done += 1
-        product = whiten(root, _hvp(client_gradients, points, whiten(root, basis[-1])))
+        tangents = whiten(root, basis[-1])
+        if products is None:
+            product = whiten(root, hessian_products(client_gradients, points, tangents))
+        else:
+            product = whiten(root, products(points, tangents))
         alphas.append((basis[-1] * product).sum(-1))
         stacked = torch.stack(basis, -2)  # [P, b, j, d]
         for _ in range(2):  # Gram-Schmidt twice: orthogonal to rounding

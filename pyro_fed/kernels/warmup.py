@@ -285,11 +285,20 @@ def _stiffness(
     if sampler.server_step or sampler.averages_every_iteration:
         # the server steps on the whole potential, or the clients' steps from their common average are one
         # step of gamma / b on it: the stiffness of the sum of the clients' Hessians (per client, then)
-        def total_gradient(at: torch.Tensor) -> torch.Tensor:
-            return pot.total_gradient(at[:, 0])[:, None]
+        def total_products(at: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
+            # the Hessian of U times the tangents [P, 1, d]: each client's product, summed by the network
+            # (a derivative of the network's sum would not cross it), and the server's own
+            clients = tangents.expand(-1, pot.num_clients, -1)
+            total = pot.network.sum(adaptation.hessian_products(pot.full_gradient_fn, at, clients))
+            if pot.prior_on_server:
+                prior = torch.func.jvp(lambda x: pot.server_prior(x, gradient=True), (at,), (tangents[:, 0],))
+                total = total + prior[1]
+            return total[:, None]
 
         clients_per_step = 1 if sampler.server_step else pot.network.num_clients
-        largest, iterations, vector = adaptation.client_stiffness(total_gradient, points, root, 1, **options)
+        largest, iterations, vector = adaptation.client_stiffness(
+            None, points, root, 1, products=total_products, **options
+        )
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
         return float(largest.max()) / clients_per_step, clients_per_step, iterations * len(points), vector

@@ -212,7 +212,7 @@ class FederatedPotential:
 
     def gradient(self, point: torch.Tensor) -> torch.Tensor:
         """:math:`\\nabla U` at one point ``[d]``, from the clients' prepared full gradients (traced or
-        compiled, see :meth:`full_client_grads`; :meth:`total_gradient` is the differentiable one)."""
+        compiled, see :meth:`full_client_grads`; :meth:`total_gradient` is its untraced twin)."""
         return (
             self.network.sum(self.full_client_grads(point)) + self.server_prior(point[None], gradient=True)[0]
         )
@@ -224,8 +224,8 @@ class FederatedPotential:
         return potentials + self.server_prior(points, gradient=False)
 
     def total_gradient(self, points: torch.Tensor) -> torch.Tensor:
-        """:math:`\\nabla U` at each of ``m`` points ``[m, d]`` (untraced, differentiable by
-        :func:`torch.func.jvp`): ``[m, d]``."""
+        """:math:`\\nabla U` at each of ``m`` points ``[m, d]``, summed over the clients by the network
+        (untraced): ``[m, d]``."""
         clients = points[:, None, :].expand(-1, self.num_clients, -1).contiguous()
         return self.network.sum(self.full_gradient_fn(clients)) + self.server_prior(points, gradient=True)
 

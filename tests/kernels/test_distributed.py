@@ -1,0 +1,89 @@
+"""Every kernel with its clients split over the ranks of a real gloo group on localhost gives, on every rank,
+the draws of the one-process run on all the data with the same seed and the same global assignment."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed.network.distributed import shard
+from tests.models import logistic_model, regression_data
+from tests.network.forked import run_forked
+
+NUM_DATA, NUM_CLIENTS = 60, 6
+KERNELS = {
+    "FALD": lambda c, **kw: FaldKernel(
+        logistic_model, c, comm_prob=0.5, noise_corr=0.5, batch_size=4, step_size=0.01, **kw
+    ),
+    "VR-FALD*": lambda c, **kw: VrFaldKernel(
+        logistic_model, c, comm_prob=0.5, batch_size=4, refresh_prob=0.2, step_size=0.01, **kw
+    ),
+    "QLSD#": lambda c, **kw: QlsdKernel(
+        logistic_model, c, quantization_levels=4, participation=0.5, batch_size=4, step_size=0.002, **kw
+    ),
+    "QLSD++": lambda c, **kw: QlsdKernel(
+        logistic_model, c, control_variate="svrg", batch_size=4, snapshot_every=5, step_size=0.002, **kw
+    ),
+    "D-ULA ring": lambda c, **kw: DulaKernel(logistic_model, c, step_size=0.002, **kw),
+    "D-ULA graph": lambda c, **kw: DulaKernel(
+        logistic_model, c, graph="erdos_renyi", schedule="decaying", step_size=0.002, **kw
+    ),
+    # everything automatic: the warm-up's mode search, curvatures, minibatch, pilot and thinning
+    "FALD automatic": lambda c, **kw: FaldKernel(logistic_model, c, **kw),
+    "QLSD++ automatic": lambda c, **kw: QlsdKernel(logistic_model, c, control_variate="svrg", **kw),
+}
+
+
+def draws(name, clients, data, network=None):
+    kernel = KERNELS[name](clients, network=network, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    mcmc.run(*data)
+    diagnostics = kernel.diagnostics()
+    bits = (diagnostics["uploaded bits"], diagnostics["downloaded bits"], diagnostics["communication rounds"])
+    return mcmc.get_samples(group_by_chain=True)["w"], bits
+
+
+def on_ranks(names):
+    """Each rank loads only its clients' rows of the data and runs the kernels on them."""
+
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        return {name: draws(name, clients, (x[rows], y[rows]), network) for name in names}
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return run_forked(on_ranks(list(KERNELS)), 2, timeout_seconds=300)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_two_ranks_give_the_one_process_draws(two_ranks, name):
+    expected, expected_bits = draws(name, NUM_CLIENTS, regression_data(num_data=NUM_DATA, dim=3))
+    first, second = (result[name] for result in two_ranks)
+    # the ranks reduce the same partial sums in the same order: the same bits on both
+    assert torch.equal(first[0], second[0]) and first[1] == second[1]
+    # the one-process sums reassociated over two blocks of clients: float64 rounding, far below the
+    # draws' scale of 0.1-1 (the warm-up's choices, from the same sums, are the same)
+    torch.testing.assert_close(first[0], expected, rtol=1e-9, atol=1e-9)
+    assert first[1] == expected_bits  # the bits the algorithm sends, counted from the same coins
+
+
+def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():
+    # 7 clients over 3 ranks: blocks of 2, 2 and 3
+    names = ["FALD", "QLSD#", "D-ULA ring"]
+
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(7, NUM_DATA, network)
+        return {name: draws(name, clients, (x[rows], y[rows]), network)[0] for name in names}
+
+    results = run_forked(run, 3, timeout_seconds=300)
+    for name in names:
+        expected, _ = draws(name, 7, regression_data(num_data=NUM_DATA, dim=3))
+        for result in results:
+            torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
