@@ -132,9 +132,12 @@ class ChunkRunner:
             return
         remaining = self.remaining_iterations()
         ahead = (math.inf if remaining is None else remaining) / num_iterations
-        if ahead * seconds > AUTO_COMPILE_SECONDS:
+        # timings differ between the holders of clients: any that would compile makes all compile, so that
+        # all run the same iteration
+        if self.network.agree(ahead * seconds > AUTO_COMPILE_SECONDS):
             self._engine = self._new_engine("compiled")
-        if ahead * event_seconds > AUTO_COMPILE_SECONDS and self.potential.gradient_mode == "auto":
+        events = self.network.agree(ahead * event_seconds > AUTO_COMPILE_SECONDS)
+        if events and self.potential.gradient_mode == "auto":
             self.potential.gradient_mode = "compiled"
 
     def _inputs(self, coins: dict[str, np.ndarray], num_iterations: int) -> tuple[torch.Tensor, ...]:

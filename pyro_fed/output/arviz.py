@@ -99,7 +99,8 @@ def to_inference_data(
       ``az.loo``/``az.waic``; the data an ``obs_mask`` marks missing are left out of this group, of
       ``observed_data`` and of ``posterior_predictive``, and the others are indexed by their position in
       the data (a dimension ``{site}_{plate}``);
-    - ``observed_data``: the observed sites of the plate;
+    - ``observed_data``: the observed sites of the plate (left out where clients are held in other
+      processes, as are the two groups of the data points: each process has only its own data);
     - ``posterior_predictive`` (when asked): one replicate of the observed sites per draw;
     - ``agents`` (D-ULA with ``record_agents=True``): every agent's iterate at each draw, constrained,
       ``chain × draw × agent ×`` the site's shape.
@@ -115,6 +116,15 @@ def to_inference_data(
     :returns: :class:`arviz.InferenceData` (ArviZ 0.x) or :class:`xarray.DataTree` (ArviZ 1.x).
     """
     potential = _potential(mcmc)
+    # with clients held in other processes, this one has only its own clients' data
+    elsewhere = len(potential.all_client_sizes) - potential.num_clients
+    if elsewhere and (log_likelihood or posterior_predictive):
+        raise ValueError(
+            f"{elsewhere} of the run's {len(potential.all_client_sizes)} clients are held in other "
+            "processes: the pointwise log-likelihood and the posterior predictive here would cover only this "
+            "process's data. Pass log_likelihood=False (and no posterior_predictive): the posterior and the "
+            "sample_stats are the whole run's, the same in every process."
+        )
     samples = mcmc.get_samples(group_by_chain=True)
     num_chains = next(iter(samples.values())).shape[0]
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
@@ -126,7 +136,8 @@ def to_inference_data(
         groups["log_likelihood"] = _by_chain(
             potential.pointwise_log_likelihood(flat_draws, chunk_size), num_chains
         )
-    groups["observed_data"] = _numpy(potential.observed_data())
+    if not elsewhere:
+        groups["observed_data"] = _numpy(potential.observed_data())
     if posterior_predictive:
         groups["posterior_predictive"] = _by_chain(
             potential.posterior_predictive(flat_draws, chunk_size), num_chains

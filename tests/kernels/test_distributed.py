@@ -6,7 +6,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel, to_inference_data
 from pyro_fed.network.distributed import shard
 from tests.models import logistic_model, regression_data
 from tests.network.forked import run_forked
@@ -35,12 +35,17 @@ KERNELS = {
 }
 
 
-def draws(name, clients, data, network=None):
+def run_kernel(name, clients, data, network=None) -> MCMC:
     kernel = KERNELS[name](clients, network=network, gradient_mode="traced")
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True)
     pyro.set_rng_seed(0)
     mcmc.run(*data)
-    diagnostics = kernel.diagnostics()
+    return mcmc
+
+
+def draws(name, clients, data, network=None):
+    mcmc = run_kernel(name, clients, data, network)
+    diagnostics = mcmc.kernel.diagnostics()
     bits = (diagnostics["uploaded bits"], diagnostics["downloaded bits"], diagnostics["communication rounds"])
     return mcmc.get_samples(group_by_chain=True)["w"], bits
 
@@ -87,3 +92,23 @@ def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():
         expected, _ = draws(name, 7, regression_data(num_data=NUM_DATA, dim=3))
         for result in results:
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
+
+
+def test_arviz_data_on_each_rank_hold_the_whole_posterior_and_refuse_a_partial_log_likelihood():
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        mcmc = run_kernel("FALD", clients, (x[rows], y[rows]), network)
+        try:
+            to_inference_data(mcmc)
+        except ValueError as error:
+            refused = str(error)
+        data = to_inference_data(mcmc, log_likelihood=False)
+        return refused, torch.as_tensor(data.posterior["w"].values), "observed_data" in data.groups()
+
+    expected = run_kernel("FALD", NUM_CLIENTS, regression_data(num_data=NUM_DATA, dim=3))
+    whole = expected.get_samples(group_by_chain=True)["w"]
+    for refused, posterior, observed in run_forked(run, 2, timeout_seconds=300):
+        assert "3 of the run's 6 clients are held in other processes" in refused
+        torch.testing.assert_close(posterior, whole, rtol=1e-9, atol=1e-9)
+        assert not observed  # each rank has only its own data points
