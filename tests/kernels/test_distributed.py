@@ -1,12 +1,16 @@
 """Every kernel with its clients split over the ranks of a real gloo group on localhost gives, on every rank,
 the draws of the one-process run on all the data with the same seed and the same global assignment."""
 
+import os
+import time
+
 import pyro
 import pytest
 import torch
 from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel, to_inference_data
+from pyro_fed.kernels.chunks import ChunkRunner
 from pyro_fed.network.distributed import shard
 from tests.models import logistic_model, regression_data
 from tests.network.forked import run_forked
@@ -112,3 +116,33 @@ def test_arviz_data_on_each_rank_hold_the_whole_posterior_and_refuse_a_partial_l
         assert "3 of the run's 6 clients are held in other processes" in refused
         torch.testing.assert_close(posterior, whole, rtol=1e-9, atol=1e-9)
         assert not observed  # each rank has only its own data points
+
+
+def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        options = {"step_size": 0.01, "batch_size": 4, "chunk_size": 8, "network": network}
+        kernel = FaldKernel(logistic_model, clients, **options)
+        mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True)
+        original, calls = ChunkRunner.run_chunk, []
+
+        def run_chunk(self):
+            calls.append(time.monotonic())
+            if rank == 1 and len(calls) == 3:
+                os._exit(0)  # killed in the middle of the run, between two chunks
+            return original(self)
+
+        ChunkRunner.run_chunk = run_chunk
+        try:
+            mcmc.run(x[rows], y[rows])
+        except RuntimeError as error:
+            return time.monotonic() - calls[-1], str(error)
+        return None, "finished"
+
+    (seconds, message), died = run_forked(run, 2, timeout_seconds=120, survivors=True)
+    assert died == ("died", 0)
+    # gloo tells the survivor that its peer is gone at its next collective (the group's timeout, minutes,
+    # is only for a rank that hangs alive)
+    assert seconds is not None and seconds < 10, message
+    assert "Connection" in message or "connection" in message, message

@@ -26,7 +26,12 @@ TIMEOUT_SECONDS = 120.0
 
 
 def run_forked(
-    function: Callable, world_size: int = 2, *, timeout_seconds: float = TIMEOUT_SECONDS, **options
+    function: Callable,
+    world_size: int = 2,
+    *,
+    timeout_seconds: float = TIMEOUT_SECONDS,
+    survivors: bool = False,
+    **options,
 ) -> list:
     """``[function(rank, world_size, network) for rank in range(world_size)]``, each call in its own forked
     process, a rank of a gloo group on 127.0.0.1 with ``network`` its
@@ -36,7 +41,9 @@ def run_forked(
 
     The results must be picklable; their tensors come back on the CPU. If a rank raises, or the ranks have
     not all answered after ``timeout_seconds``, the other ranks are killed and a :class:`RuntimeError`
-    says which rank failed, with its traceback.
+    says which rank failed, with its traceback. With ``survivors``, a rank that dies without a result is
+    reported as ``("died", exit code)`` in its place and the others are still waited for (to test what
+    the survivors of a lost rank do).
     """
     context = multiprocessing.get_context("fork")
     port = _free_port()
@@ -71,6 +78,9 @@ def run_forked(
                 except EOFError:
                     processes[rank].join(5)
                     code = processes[rank].exitcode
+                    if survivors:
+                        results[rank] = ("died", code)
+                        continue
                     raise RuntimeError(
                         f"rank {rank} of {world_size} died without a result (exit {code})"
                     ) from None
