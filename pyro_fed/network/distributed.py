@@ -79,7 +79,7 @@ class TorchDistributedNetwork(Network):
         large group but leaves the order of the additions, and the bits that follow, to the backend.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, ordered: bool = True):
+    def __init__(self, group: torch.distributed.ProcessGroup | None = None, *, ordered: bool = True):
         if not dist.is_initialized():
             raise RuntimeError(
                 "TorchDistributedNetwork needs an initialized torch.distributed process group: call "
@@ -234,7 +234,8 @@ def shard(clients, num_data: int, network: Network) -> tuple[torch.LongTensor, l
         :func:`~pyro_fed.data.partition.to_index_lists` accepts (client ids ``[N]``, ``b`` index tensors, a
         number of i.i.d. clients); the same on every rank.
     :param int num_data: ``N``, the points of the whole data plate.
-    :param network: the network that says which clients are held here (:meth:`~Network.held`).
+    :param network: the network that says which clients are held here
+        (:meth:`~pyro_fed.network.base.Network.held`).
     :returns: ``(rows, local)``: ``rows``, the sorted global indices of the data points of the held clients
         (``LongTensor``), and ``local``, one index tensor per held client, in the global client order, into
         the loaded rows ``data[rows]`` (a partition of ``range(len(rows))``, to pass as a kernel's
