@@ -65,8 +65,8 @@ def main(argv=None) -> dict:
         rows, clients = pyro_fed.distributed.shard(assignment, len(y_all), network)
     num_samples, warmup_steps = (20, 10) if args.smoke else (1000, 300)
     kernel = pyro_fed.FaldKernel(model, clients, comm_prob=0.5, batch_size=64, network=network)
-    # the progress bar of rank 0 only: every rank computes the same draws
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=rank != 0)
+    # (the progress bar shows on rank 0 only: every rank computes the same draws)
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps)
     pyro.set_rng_seed(0)
     mcmc.run(x_all[rows], y_all[rows])
 

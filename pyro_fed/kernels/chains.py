@@ -9,7 +9,9 @@ So that ``MCMC(FaldKernel(model), num_chains=C)`` does that with the user's code
 pyro_fed wraps ``MCMC.__init__``: when (and only when) the kernel is a pyro_fed kernel, it tells the kernel
 the number of chains, of draws and the initial values, and uses Pyro's single-process sampler. The kernel
 then computes all chains together during the first chain's run and serves the other chains' draws from its
-buffers when Pyro asks for them. Pyro's own kernels (NUTS, HMC...) are untouched.
+buffers when Pyro asks for them. With the clients held in several processes
+(:mod:`pyro_fed.network.distributed`), only the first shows the progress bar. Pyro's own kernels (NUTS,
+HMC...) are untouched.
 """
 
 from __future__ import annotations
@@ -45,13 +47,16 @@ def install() -> None:
         num_chains = arguments["num_chains"]
         initial_params = arguments["initial_params"]
         self.kernel.plan = ChainPlan(num_chains, self.num_samples, initial_params if num_chains > 1 else None)
-        if not isinstance(self.sampler, _UnarySampler):  # worker processes: one process does all chains
+        # with clients held in several processes, the progress bar of the first only: all run the same draws
+        quiet = arguments["disable_progbar"] or getattr(self.kernel._network, "rank", 0) != 0
+        # worker processes: one process does all chains
+        if not isinstance(self.sampler, _UnarySampler) or quiet != arguments["disable_progbar"]:
             self.sampler = _UnarySampler(
                 self.kernel,
                 self.num_samples,
                 self.warmup_steps,
                 num_chains,
-                arguments["disable_progbar"],
+                quiet,
                 initial_params=initial_params,
                 hook=arguments["hook_fn"],
             )

@@ -98,7 +98,7 @@ def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
 
 
-def test_arviz_data_on_each_rank_hold_the_whole_posterior_and_refuse_a_partial_log_likelihood():
+def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likelihood_and_rank_0_the_bar():
     def run(rank, world_size, network):
         x, y = regression_data(num_data=NUM_DATA, dim=3)
         rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
@@ -108,11 +108,15 @@ def test_arviz_data_on_each_rank_hold_the_whole_posterior_and_refuse_a_partial_l
         except ValueError as error:
             refused = str(error)
         data = to_inference_data(mcmc, log_likelihood=False)
-        return refused, torch.as_tensor(data.posterior["w"].values), "observed_data" in data.groups()
+        # the progress bar of rank 0 only
+        shown = not MCMC(KERNELS["FALD"](clients, network=network), num_samples=1).sampler.disable_progbar
+        return refused, torch.as_tensor(data.posterior["w"].values), "observed_data" in data.groups(), shown
 
     expected = run_kernel("FALD", NUM_CLIENTS, regression_data(num_data=NUM_DATA, dim=3))
     whole = expected.get_samples(group_by_chain=True)["w"]
-    for refused, posterior, observed in run_forked(run, 2, timeout_seconds=300):
+    results = run_forked(run, 2, timeout_seconds=300)
+    assert [result[-1] for result in results] == [True, False]
+    for refused, posterior, observed, _ in results:
         assert "3 of the run's 6 clients are held in other processes" in refused
         torch.testing.assert_close(posterior, whole, rtol=1e-9, atol=1e-9)
         assert not observed  # each rank has only its own data points
