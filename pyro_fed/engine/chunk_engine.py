@@ -37,13 +37,24 @@ class ChunkEngine:
     :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (see :mod:`pyro_fed.engine.compile`).
     :param str what: what the iteration is, for log lines and warnings.
     :param bool cuda_graphs: capture full chunks as CUDA graphs on CUDA devices.
+    :param agree: the network's :meth:`~pyro_fed.network.base.Network.agree`, where several processes run
+        the iteration (see :func:`~pyro_fed.engine.compile.prepare`).
     """
 
-    def __init__(self, iteration: Callable, mode: str, *, what: str, cuda_graphs: bool = True):
+    def __init__(
+        self,
+        iteration: Callable,
+        mode: str,
+        *,
+        what: str,
+        cuda_graphs: bool = True,
+        agree: Callable[[bool], bool] | None = None,
+    ):
         self.iteration = iteration
         self.mode = mode
         self.what = what
         self.cuda_graphs = cuda_graphs
+        self.agree = agree
         self._prepared: dict[tuple, Prepared] = {}
         self._graphs: dict[tuple, _ChunkGraph | None] = {}
         self.preparation_seconds = 0.0
@@ -63,7 +74,9 @@ class ChunkEngine:
                 new_state, outputs = self.iteration(tensors[:s], tensors[s : s + i], tensors[s + i :])
                 return (*new_state, *outputs)
 
-            self._prepared[key] = prepare(flat, (*state, *step_inputs, *constants), self.mode, what=self.what)
+            self._prepared[key] = prepare(
+                flat, (*state, *step_inputs, *constants), self.mode, what=self.what, agree=self.agree
+            )
             self.preparation_seconds += self._prepared[key].seconds
         return self._prepared[key]
 

@@ -55,7 +55,14 @@ class Prepared:
         return self.function(*args)
 
 
-def prepare(function: Callable, example_args: Sequence[torch.Tensor], mode: str, *, what: str) -> Prepared:
+def prepare(
+    function: Callable,
+    example_args: Sequence[torch.Tensor],
+    mode: str,
+    *,
+    what: str,
+    agree: Callable[[bool], bool] | None = None,
+) -> Prepared:
     """Trace (and compile) ``function`` for inputs shaped as ``example_args``.
 
     :param function: a function of tensors returning a tensor or a tuple of tensors; it must not branch on
@@ -64,15 +71,20 @@ def prepare(function: Callable, example_args: Sequence[torch.Tensor], mode: str,
     :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (``"auto"`` prepares as ``"traced"``: the
         caller decides when to compile).
     :param str what: what the function computes, for the log line and the fallback warning.
+    :param agree: where several processes prepare the same function (clients held in several places),
+        :meth:`~pyro_fed.network.base.Network.agree`: a fallback of one is then every one's, so that all
+        run the same preparation and get the same bits.
     """
     check_mode(mode)
     mode = "traced" if mode == "auto" else mode
     start = time.perf_counter()
     prepared, used = function, "eager"
+    versions = {"eager": function}
     try:
         if mode in ("traced", "compiled"):
             # through a plain function: make_fx counts a bound method's ``self`` as an input
             prepared, used = make_fx(lambda *args: function(*args))(*example_args), "traced"
+            versions[used] = prepared
         if mode == "compiled":
             # the graph is already traced to tensor operations: TorchInductor compiles it as it is
             # (torch.compile would trace it again with Dynamo and check guards at every call, which costs
@@ -91,6 +103,14 @@ def prepare(function: Callable, example_args: Sequence[torch.Tensor], mode: str,
             "instead, which is slower.",
             stacklevel=3,
         )
+    if agree is not None:
+        # the same questions in every process, whatever each one's answer: did any fall short of compiling,
+        # then of tracing?
+        if mode == "compiled" and agree(used != "compiled"):
+            used = "traced" if "traced" in versions else "eager"
+        if mode in ("compiled", "traced") and agree(used == "eager"):
+            used = "eager"
+        prepared = prepared if used == "compiled" else versions[used]
     return Prepared(prepared, used, time.perf_counter() - start)
 
 

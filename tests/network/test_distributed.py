@@ -386,3 +386,26 @@ def test_a_compiled_iteration_gives_the_eager_one():
 def test_a_network_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs an initialized torch.distributed process group"):
         TorchDistributedNetwork()
+
+
+def test_a_fallback_on_one_rank_is_every_ranks():
+    # rank 0 cannot trace the function (as a model that make_fx refuses): it falls back to eager, and
+    # rank 1, which could trace it, runs it eager too, so that both run the same preparation
+    def run(rank, world_size, network):
+        import warnings
+
+        import pyro_fed.engine.compile as compile_module
+
+        if rank == 0:
+
+            def refuse(function):
+                raise RuntimeError("no tracing here")
+
+            compile_module.make_fx = refuse
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # rank 0's fallback warning
+            prepared = prepare(torch.sin, (torch.ones(3),), "traced", what="sin", agree=network.agree)
+        alone = prepare(torch.sin, (torch.ones(3),), "traced", what="sin")  # no agreement: its own
+        return prepared.mode, alone.mode
+
+    assert run_forked(run, 2) == [("eager", "eager"), ("eager", "traced")]
