@@ -11,7 +11,9 @@ class DrawBuffer:
 
     Pyro's ``MCMC`` asks for the draws of one chain after another; the kernel computes all chains at once.
     Draws of a chain nobody will ask for again are dropped as soon as they are served, so that memory
-    holds one chunk; otherwise the later chains' draws wait here until Pyro asks for them.
+    holds one chunk; otherwise the later chains' draws wait here until Pyro asks for them. A dropped draw
+    asked for again (a run resumed from a checkpoint serves its draws from the first) is read back from
+    :attr:`history`, exactly: the host copy is in float64, which holds every float of a narrower type.
 
     :param int thinning: iterations per draw.
     :param bool keep: keep served chunks (other chains will be served from them later).
@@ -21,6 +23,7 @@ class DrawBuffer:
         self.thinning = thinning
         self.keep = keep
         self.draws_per_chunk = None
+        self.dtype, self.device = None, None  # of the draws, from the first chunk
         self.positions: list[torch.Tensor | None] = []  # per chunk: [draws, C, d]
         self.stats: dict[str, list[np.ndarray]] = {}  # per chunk: [draws, C]
         self.rounds: list[np.ndarray] = []  # per chunk: cumulative averaging rounds at each draw, [draws, C]
@@ -46,6 +49,7 @@ class DrawBuffer:
         """
         t = self.thinning
         self.draws_per_chunk = self.draws_per_chunk or len(positions) // t
+        self.dtype, self.device = positions.dtype, positions.device
 
         def window(a: np.ndarray) -> np.ndarray:
             a = a.reshape(-1, t, *a.shape[1:])
@@ -75,6 +79,8 @@ class DrawBuffer:
     def draw(self, draw: int, chain: int) -> torch.Tensor:
         """Draw ``draw`` (counted from the start of warm-up) of chain ``chain``, ``[d]``."""
         chunk, row = self._locate(draw)
+        if self.positions[chunk] is None:  # dropped: read back from the host copy
+            return torch.tensor(self.history[chunk][row, chain], dtype=self.dtype, device=self.device)
         return self.positions[chunk][row, chain]
 
     def all_draws(self, start: int) -> np.ndarray:
@@ -99,6 +105,41 @@ class DrawBuffer:
     def divergences_at(self, draw: int, chain: int) -> int:
         """Diverging draws of chain ``chain`` up to draw ``draw``, warm-up included."""
         return self._cumulative(self.divergences, draw, chain)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The buffer's contents as CPU tensors (for a checkpoint): ``lengths`` (draws per chunk),
+        ``history`` (every draw, ``[draws, C, d]``, float64), ``rounds`` and ``divergences`` (cumulative,
+        ``[draws, C]``) and ``stats.<name>`` for each statistic, in order; chunks concatenated."""
+        if not self.history:
+            return {"lengths": torch.zeros(0, dtype=torch.long)}
+        tensors = {
+            "lengths": torch.tensor([len(h) for h in self.history], dtype=torch.long),
+            "history": torch.from_numpy(np.concatenate(self.history)),
+            "rounds": torch.from_numpy(np.concatenate(self.rounds)),
+            "divergences": torch.from_numpy(np.concatenate(self.divergences)),
+        }
+        for name, chunks in self.stats.items():
+            tensors[f"stats.{name}"] = torch.from_numpy(np.concatenate(chunks))
+        return tensors
+
+    def load_state(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
+        """Refill an empty buffer from :meth:`state`, its draws of type ``dtype`` on ``device``: it serves
+        and reports them as the buffer that wrote it did (the served draws are read back from the history,
+        see :meth:`draw`)."""
+        lengths = tensors["lengths"].tolist()
+        if not lengths:
+            return
+        self.dtype, self.device = dtype, torch.device(device)
+        self.draws_per_chunk = lengths[0]
+        splits = np.cumsum(lengths)[:-1]
+
+        def chunks(name: str) -> list[np.ndarray]:
+            return np.split(tensors[name].numpy(), splits)
+
+        self.history = chunks("history")
+        self.rounds, self.divergences = chunks("rounds"), chunks("divergences")
+        self.stats = {key[len("stats.") :]: chunks(key) for key in tensors if key.startswith("stats.")}
+        self.positions = [None] * len(lengths)
 
     def _cumulative(self, chunks: list[np.ndarray], draw: int, chain: int) -> int:
         if draw < 0 or not chunks:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -37,3 +39,19 @@ class Randomness:
     def uniform(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform(0, 1) draws on the device."""
         return torch.rand(shape, generator=self.tensors, dtype=dtype, device=self.device)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Both streams' states as tensors (for a checkpoint, read by ``torch.load(weights_only=True)``):
+        ``tensors``, the device generator's :meth:`~torch.Generator.get_state` (a CPU ``uint8`` tensor), and
+        ``host``, the host generator's ``bit_generator.state`` dictionary as UTF-8 JSON bytes (JSON keeps
+        its 128-bit integers exactly)."""
+        host = json.dumps(self.host.bit_generator.state).encode()
+        return {
+            "tensors": self.tensors.get_state(),
+            "host": torch.frombuffer(bytearray(host), dtype=torch.uint8),
+        }
+
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore both streams from :meth:`state`: the draws that follow are those that followed it."""
+        self.tensors.set_state(state["tensors"].cpu())
+        self.host.bit_generator.state = json.loads(bytes(state["host"].cpu().numpy()).decode())

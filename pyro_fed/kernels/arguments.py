@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import warnings
 
 import numpy as np
@@ -108,3 +109,22 @@ def check_batch_size_fits(batch_size, client_sizes: torch.Tensor) -> None:
             "draws the same share of every client's data instead.",
             stacklevel=4,
         )
+
+
+def check_checkpoint(path, every) -> tuple[str | None, int | None]:
+    """``checkpoint``: ``None`` or a file path (a string or ``os.PathLike``, not a directory), and
+    ``checkpoint_every``: ``None`` (the default interval) or a positive number of draws per chain, given only
+    with a path."""
+    if path is None:
+        if every is not None:
+            raise ValueError(
+                f"checkpoint_every={every!r} without a checkpoint: pass checkpoint='run.pt' (a file path) "
+                "too, or leave checkpoint_every out."
+            )
+        return None, None
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise ValueError(f"checkpoint must be a file path (a str or os.PathLike) or None; got {path!r}.")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint={path!r} is a directory: give a file path in it, e.g. '{path}/run.pt'.")
+    return path, check_positive_int("checkpoint_every", every, "a tenth of the run's draws")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,10 +25,12 @@ from ..engine.randomness import Randomness
 from ..model.potential import FederatedPotential
 from ..network.base import Network
 from ..network.in_process import InProcessNetwork
+from . import checkpoint as checkpoints
 from . import warmup
 from .arguments import (
     check_batch_size,
     check_batch_size_fits,
+    check_checkpoint,
     check_positive,
     check_positive_int,
     check_preconditioner,
@@ -57,7 +60,17 @@ class ChainPlan(NamedTuple):
     initial_params: dict | None
 
 
-class FederatedKernel(MCMCKernel):
+class _KernelType(type(MCMCKernel)):
+    """The federated kernels' metaclass: a kernel keeps the arguments it was constructed with, whatever its
+    class, for a checkpoint's fingerprint (:func:`~pyro_fed.kernels.checkpoint.fingerprint`)."""
+
+    def __call__(cls, *args, **kwargs):
+        kernel = super().__call__(*args, **kwargs)
+        kernel._arguments = (args, kwargs)
+        return kernel
+
+
+class FederatedKernel(MCMCKernel, metaclass=_KernelType):
     """Base class of the federated kernels: a Pyro :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` that
     splits the model's data plate into clients and runs a federated algorithm, many iterations at a time.
 
@@ -120,6 +133,29 @@ class FederatedKernel(MCMCKernel):
     :param network: where the clients meet (a :class:`~pyro_fed.network.base.Network`): every reduction over
         the clients of the iterations goes through it. Default ``None``: all clients in this process
         (:class:`~pyro_fed.network.in_process.InProcessNetwork`).
+    :param checkpoint: a file path (``str`` or ``os.PathLike``) where the run keeps a checkpoint, to
+        resume it after an interruption (default ``None``: none). The run writes it after a chunk of
+        iterations, once ``checkpoint_every`` draws per chain were computed since the last write, and when
+        its last iteration is computed; atomically (a temporary file in the same directory, then renamed),
+        so the file always holds a whole checkpoint. It holds tensors only, read by ``torch.load(path,
+        weights_only=True)`` (see :mod:`pyro_fed.kernels.checkpoint`): the algorithm's state, what the
+        warm-up chose (step size, preconditioner, mode, minibatch size, thinning...), the chains' initial
+        points, the run's seeds and every generator's state, the iterations computed, the draws and their
+        statistics so far, the network's counters, and a fingerprint of the configuration (the kernel's
+        class and arguments, the number of chains, ``num_samples``, ``warmup_steps``, the model arguments'
+        shapes and a hash of their content, the clients and their sizes). When the file exists at set-up,
+        the run resumes from it instead of starting: no warm-up, the draws already computed served from the
+        checkpoint, the rest computed from its state; a checkpoint written by a different configuration is
+        refused with a ``ValueError`` naming what differs. The resumed run's draws, ``sample_stats`` and bits
+        are those of the uninterrupted run bit for bit (``torch.equal``) with ``gradient_mode="traced"``,
+        ``"compiled"`` or ``"eager"``; with ``"auto"`` only to rounding, as the switch to the compiled
+        iteration follows the timings of each process. A finished run's checkpoint stays: running it again
+        serves its draws (delete the file to start afresh). Where clients are held in several processes
+        (:mod:`pyro_fed.network.distributed`), each holder writes its own file: give each a path of its own,
+        e.g. with the rank in it (``f"run-{rank}.pt"``); they resume together.
+    :param int checkpoint_every: draws per chain computed between checkpoints (at a chunk's end, so a write
+        may come a chunk later). Default ``None``: a tenth of the run's draws (``warmup_steps + num_samples``,
+        rounded up), or every chunk for a kernel driven by hand.
     """
 
     def __init__(
@@ -137,8 +173,12 @@ class FederatedKernel(MCMCKernel):
         thinning: int | None = None,
         chunk_size: int = 64,
         network: Network | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
     ):
         self.model = model
+        #: the checkpoint's file path and interval (see the parameters)
+        self.checkpoint, self.checkpoint_every = check_checkpoint(checkpoint, checkpoint_every)
         if network is not None and not isinstance(network, Network):
             raise TypeError(
                 f"network must be a pyro_fed.network.base.Network (for example InProcessNetwork()); got "
@@ -176,6 +216,9 @@ class FederatedKernel(MCMCKernel):
         self.runner: ChunkRunner | None = None
         self._engine_signature: list = []  # what the runner's prepared iteration was prepared for
         self._convergence = None  # the end-of-run check, once computed
+        self._start: checkpoints.Start | None = None  # where the run's chains started
+        self._fingerprint: dict | None = None  # of the run's configuration, with a checkpoint
+        self._checkpointed = 0  # draws per chain computed at the last checkpoint
 
     # ------------------------------------------------------- subclass API
     #: whether a server takes the algorithm's steps on the whole potential (QLSD), rather than every client on
@@ -223,15 +266,24 @@ class FederatedKernel(MCMCKernel):
         # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible; the first holder's
         # where clients are held in several places
         seed, adaptation_seed = network.share(torch.randint(0, 2**62, (2,), device="cpu").tolist())
+        saved = None
+        if self.checkpoint is not None:
+            self._fingerprint = checkpoints.fingerprint(self, warmup_steps, args, kwargs)
+            saved = checkpoints.load_matching(self.checkpoint, self._fingerprint, network)
         self.rng = Randomness(seed, pot.device)
         self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
         self._chain, self._served = 0, 0
-        self._initial_params = self._initial_values(num_chains)
-        positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
-        positions = network.share(positions)
-        self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        pot.check_initial_points(positions)
-        inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
+        if saved is None:
+            self._initial_params = self._initial_values(num_chains)
+            positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
+            positions = network.share(positions)
+            self._initial_params = [pot.unconstrained_params(p) for p in positions]
+            pot.check_initial_points(positions)
+            inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
+        else:  # resumed: the checkpointed run's start and warm-up
+            self._start, self.adaptation = checkpoints.start(saved, pot.device)
+            positions, inverse_mass = self._start.positions, self._start.inverse_mass
+            self._initial_params = [pot.unconstrained_params(p) for p in positions]
         largest = int(pot.all_client_sizes.max())
         batch = self.current_batch_size
         if isinstance(batch, float):
@@ -241,7 +293,7 @@ class FederatedKernel(MCMCKernel):
         self._iterations_needed = (
             None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * thinning
         )
-        if self._starts_from_laplace():
+        if saved is None and self._starts_from_laplace():
             root = adaptation.square_root(inverse_mass)
             positions = self.adaptation.mode + adaptation.whiten(
                 root, self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
@@ -256,7 +308,11 @@ class FederatedKernel(MCMCKernel):
             dtype=pot.dtype,
             device=pot.device,
         )
-        state = tuple(algorithm.init(positions))
+        if saved is None:
+            state = tuple(algorithm.init(positions))
+            self._start = checkpoints.Start(positions, inverse_mass, (seed, adaptation_seed))
+        else:
+            state = checkpoints.algorithm_state(saved, pot.device)
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
         # (noise, quantisation)
         # (for all clients: every holder of clients runs chunks of the same length)
@@ -302,6 +358,9 @@ class FederatedKernel(MCMCKernel):
             what=f"the {type(self).__name__} iteration",
             engine=self._kept_engine(algorithm, args, kwargs),
         )
+        if saved is not None:
+            checkpoints.restore_run(saved, self.runner, self.rng, self._buffer, self.network, pot.device)
+        self._checkpointed = self.runner.computed // thinning
 
     def _kept_engine(self, algorithm: Algorithm, args: tuple, kwargs: dict):
         """The last run's prepared iteration when this run's is the same: the traced iteration holds the
@@ -507,8 +566,37 @@ class FederatedKernel(MCMCKernel):
         draw = self._served
         if (draw + 1) * self.current_thinning > self.runner.computed:
             self.runner.run_chunk()
+            if self.checkpoint is not None:
+                self._write_checkpoint()
         self._served += 1
         return self.potential.unconstrained_params(self._buffer.draw(draw, self._chain))
+
+    def _write_checkpoint(self) -> None:
+        """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since
+        the last one, or the run's last iteration was."""
+        computed = self.runner.computed // self.current_thinning
+        every = self.checkpoint_every
+        if every is None:
+            total = (
+                None if self._iterations_needed is None else self._iterations_needed // self.current_thinning
+            )
+            every = 1 if total is None else max(1, math.ceil(total / 10))
+        finished = self.runner.remaining_iterations() == 0
+        if not finished and computed - self._checkpointed < every:
+            return
+        runner = self.runner
+        contents = checkpoints.capture(
+            fingerprint=self._fingerprint,
+            state=runner.state,
+            computed=runner.computed,
+            start=self._start,
+            adaptation=self.adaptation,
+            rng=self.rng,
+            buffer=self._buffer,
+            network=self.network,
+        )
+        checkpoints.save(self.checkpoint, contents)
+        self._checkpointed = computed
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor] | None:

@@ -111,7 +111,7 @@ class ChunkRunner:
         return self._engine
 
     def _new_engine(self, mode: str) -> ChunkEngine:
-        return ChunkEngine(self.iteration, mode, what=self.what)
+        return ChunkEngine(self.iteration, mode, what=self.what, agree=self.network.agree)
 
     def remaining_iterations(self) -> int | None:
         """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""

@@ -64,6 +64,10 @@ class FaldKernel(FederatedKernel):
     :param int thinning: iterations per draw (default: about half an autocorrelation time with an
         automatic step, else 1); see :class:`~pyro_fed.FederatedKernel`.
     :param int chunk_size: iterations run per chunk (default 64).
+    :param network: where the clients meet (default: all in this process); see
+        :class:`~pyro_fed.FederatedKernel`.
+    :param checkpoint: a file where the run keeps a checkpoint to resume from (default ``None``: none).
+    :param int checkpoint_every: draws per chain between checkpoints; see :class:`~pyro_fed.FederatedKernel`.
 
     Example: a Bayesian logistic regression of Titanic survival, its data split over 10 clients.
 
@@ -100,6 +104,8 @@ class FaldKernel(FederatedKernel):
         thinning: int | None = None,
         chunk_size: int = 64,
         network=None,
+        checkpoint=None,
+        checkpoint_every: int | None = None,
     ):
         super().__init__(
             model,
@@ -114,6 +120,8 @@ class FaldKernel(FederatedKernel):
             thinning=thinning,
             chunk_size=chunk_size,
             network=network,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
         )
         self.comm_prob = check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
