@@ -152,7 +152,9 @@ class FederatedKernel(MCMCKernel, metaclass=_KernelType):
         iteration follows the timings of each process. A finished run's checkpoint stays: running it again
         serves its draws (delete the file to start afresh). Where clients are held in several processes
         (:mod:`pyro_fed.network.distributed`), each holder writes its own file: give each a path of its own,
-        e.g. with the rank in it (``f"run-{rank}.pt"``); they resume together.
+        e.g. with the rank in it (``f"run-{rank}.pt"``); they resume together, from the last checkpoint
+        they all have (the one before the last is kept beside it, as ``path + ".previous"``, for holders
+        that stopped between their writes).
     :param int checkpoint_every: draws per chain computed between checkpoints (at a chunk's end, so a write
         may come a chunk later). Default ``None``: a tenth of the run's draws (``warmup_steps + num_samples``,
         rounded up), or every chunk for a kernel driven by hand.

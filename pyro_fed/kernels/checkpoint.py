@@ -55,6 +55,8 @@ SAMPLED_VALUES = 1024
 COUNTERS = ("uploaded_bits", "downloaded_bits", "rounds")
 #: constructor arguments that do not change a run's draws: not part of the fingerprint
 NOT_SETTINGS = ("self", "checkpoint", "checkpoint_every")
+#: the suffix of the checkpoint before the last, kept beside it
+PREVIOUS = ".previous"
 
 
 class Start(NamedTuple):
@@ -251,7 +253,9 @@ def capture(
 
 def save(path: str, tensors: dict[str, torch.Tensor]) -> None:
     """Write a checkpoint atomically: to a temporary file in the same directory (created if needed), then
-    renamed over ``path``, so that ``path`` always holds a whole checkpoint, the last or the one before."""
+    renamed to ``path``, whose last checkpoint becomes ``path + PREVIOUS``: the two files always hold the
+    last two whole checkpoints (holders of clients in several processes may stop between their writes, one
+    a checkpoint ahead of another: they resume from the last they all have)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -260,6 +264,8 @@ def save(path: str, tensors: dict[str, torch.Tensor]) -> None:
             torch.save(tensors, file)
             file.flush()
             os.fsync(file.fileno())
+        if os.path.exists(path):
+            os.replace(path, path + PREVIOUS)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -292,6 +298,8 @@ def load_matching(path: str, current: dict, network) -> dict | None:
     fingerprint ``current``: a ``ValueError`` names the fields that differ. Where clients are held in
     several processes each holder reads its own file, and all of them agree: all resume or none does, from
     checkpoints of the same iteration."""
+    if not os.path.exists(path) and os.path.exists(path + PREVIOUS):  # stopped between the two renames
+        os.replace(path + PREVIOUS, path)
     found = os.path.exists(path)
     if network.agree(found) and network.agree(not found):
         raise ValueError(
@@ -316,13 +324,20 @@ def load_matching(path: str, current: dict, network) -> dict | None:
             "checkpoint: another holder's checkpoint is unreadable or was written by another run than "
             f"{path}."
         )
-    computed = saved["meta"]["computed"]
-    if network.agree(network.share(computed) != computed):
-        raise ValueError(
-            f"checkpoint: the holders' checkpoints were written after different iterations ({computed} in "
-            f"{path}); a run stopped between their writes. Delete them all to start afresh."
-        )
-    return saved
+    # the last checkpoint every holder has: its own last, or the one before
+    candidates = {saved["meta"]["computed"]: saved}
+    if os.path.exists(path + PREVIOUS):
+        with contextlib.suppress(ValueError):
+            older = load(path + PREVIOUS)
+            if not differences(older["meta"]["fingerprint"], current):
+                candidates[older["meta"]["computed"]] = older
+    for computed in network.share(sorted(candidates, reverse=True)):
+        if not network.agree(computed not in candidates):
+            return candidates[computed]
+    raise ValueError(
+        f"checkpoint: the holders' checkpoints were written after different iterations ({sorted(candidates)} "
+        f"in {path} and the one before); they cannot resume together. Delete them all to start afresh."
+    )
 
 
 # ----------------------------------------------------------------------------------- resuming

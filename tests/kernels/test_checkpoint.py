@@ -190,7 +190,9 @@ def test_the_checkpoint_holds_tensors_only_and_is_written_atomically(tmp_path, m
     mcmc, _ = run(KERNELS["QLSD++"](checkpoint=path, checkpoint_every=10))
     # after the chunks that complete 10 more draws per chain, and the last
     assert written == [16, 32, 40]
-    assert os.listdir(tmp_path) == ["run.pt"]  # no temporary file left behind
+    # the last two checkpoints, and no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["run.pt", "run.pt.previous"]
+    assert int(torch.load(f"{path}.previous", weights_only=True)["computed"]) == 32
     contents = torch.load(path, weights_only=True)
     assert all(isinstance(value, torch.Tensor) for value in contents.values())
     meta = checkpoint.decode(contents["meta"])

@@ -150,3 +150,58 @@ def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
     # is only for a rank that hangs alive)
     assert seconds is not None and seconds < 10, message
     assert "Connection" in message or "connection" in message, message
+
+
+def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(tmp_path):
+    def run(kill_at=None, checkpoint=True):
+        def on_rank(rank, world_size, network):
+            x, y = regression_data(num_data=NUM_DATA, dim=3)
+            rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+            # each rank its own file
+            path = str(tmp_path / f"run-{rank}.pt") if checkpoint else None
+            options = {"step_size": 0.01, "batch_size": 4, "chunk_size": 8, "gradient_mode": "traced"}
+            # a checkpoint every chunk
+            kernel = FaldKernel(
+                logistic_model,
+                clients,
+                network=network,
+                checkpoint=path,
+                checkpoint_every=8 if path else None,
+                **options,
+            )
+            original, calls = ChunkRunner.run_chunk, []
+
+            def run_chunk(self):
+                calls.append(None)
+                if rank == 1 and len(calls) == kill_at:
+                    os._exit(0)  # killed between two chunks
+                return original(self)
+
+            ChunkRunner.run_chunk = run_chunk
+            mcmc = MCMC(kernel, num_samples=40, warmup_steps=8, num_chains=2, disable_progbar=True)
+            pyro.set_rng_seed(0)
+            try:
+                mcmc.run(x[rows], y[rows])
+            except RuntimeError:
+                return "stopped", len(calls)
+            return mcmc.get_samples(group_by_chain=True)["w"], len(calls)
+
+        return run_forked(on_rank, 2, timeout_seconds=120, survivors=True)
+
+    uninterrupted = run(checkpoint=False)
+    killed = run(kill_at=3)
+    assert killed[1] == ("died", 0) and killed[0][0] == "stopped"
+    assert (tmp_path / "run-0.pt").exists() and (tmp_path / "run-1.pt").exists()
+    kept = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    resumed = run()
+    for (draws, chunks), (expected, all_chunks) in zip(resumed, uninterrupted, strict=True):
+        assert torch.equal(draws, expected)
+        assert chunks == all_chunks - 2  # the two chunks before the kill were not run again
+    # a rank stopped between the ranks' writes, its last checkpoint a chunk behind the other's: they resume
+    # from the last checkpoint both have
+    for name, content in kept.items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "run-1.pt.previous").replace(tmp_path / "run-1.pt")
+    for (draws, chunks), (expected, all_chunks) in zip(run(), uninterrupted, strict=True):
+        assert torch.equal(draws, expected)
+        assert chunks == all_chunks - 1
