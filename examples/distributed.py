@@ -12,6 +12,10 @@ Run it on a laptop, two processes of five sites each (the draws are written by r
     torchrun --nproc-per-node=2 examples/distributed.py --out output/distributed
     python examples/distributed.py --out output/one_process   # the same run in one process
 
+With ``--checkpoint DIR`` each process keeps a checkpoint of its run in ``DIR``: the same command started
+again after an interruption (a Ctrl-C, a killed process, or ``torchrun --max-restarts=3`` restarting the
+group by itself) resumes the run, to the same final draws.
+
 On several machines, start the same command on each with ``--nnodes``, ``--node-rank`` and a rendezvous
 address (``--rdzv-endpoint``) on a trusted network: the rendezvous has no authentication.
 
@@ -48,6 +52,11 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("output/distributed"))
     parser.add_argument("--smoke", action="store_true", help="tiny chains, for the tests")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a folder for the run's checkpoints (one file per process): started again, the run resumes",
+    )
     args = parser.parse_args(argv)
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)  # one core per process
@@ -64,7 +73,10 @@ def main(argv=None) -> dict:
     else:
         rows, clients = pyro_fed.distributed.shard(assignment, len(y_all), network)
     num_samples, warmup_steps = (20, 10) if args.smoke else (1000, 300)
-    kernel = pyro_fed.FaldKernel(model, clients, comm_prob=0.5, batch_size=64, network=network)
+    checkpoint = None if args.checkpoint is None else args.checkpoint / f"fald-{rank}.pt"
+    kernel = pyro_fed.FaldKernel(
+        model, clients, comm_prob=0.5, batch_size=64, network=network, checkpoint=checkpoint
+    )
     # (the progress bar shows on rank 0 only: every rank computes the same draws)
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps)
     pyro.set_rng_seed(0)

@@ -275,7 +275,18 @@ def join(
     if not dist.is_initialized():
         if "nccl" in backend.lower():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_seconds))
+        timeout = datetime.timedelta(seconds=timeout_seconds)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's store outlives a restart of the group (--max-restarts): each attempt's keys apart,
+            # or a restarted rank reads the address of a peer of the attempt before and waits for it
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+            store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+            store = dist.PrefixStore(f"pyro_fed/attempt_{restart}", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout)
     return TorchDistributedNetwork(ordered=ordered)
 
 
