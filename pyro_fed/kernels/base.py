@@ -567,7 +567,13 @@ class FederatedKernel(MCMCKernel, metaclass=_KernelType):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
         if (draw + 1) * self.current_thinning > self.runner.computed:
-            self.runner.run_chunk()
+            try:
+                self.runner.run_chunk()
+            except RuntimeError as error:
+                explained = self.network.explain(error)
+                if explained is error:
+                    raise
+                raise explained from error
             if self.checkpoint is not None:
                 self._write_checkpoint()
         self._served += 1

@@ -117,6 +117,11 @@ class Network:
         same for every holder."""
         raise NotImplementedError
 
+    def explain(self, error: Exception) -> Exception:
+        """The error to raise for ``error``, raised while the clients met: as it is by default; a network of
+        several processes says that another process was lost."""
+        return error
+
     # ------------------------------------------------------------- accounting
     def averages_traffic(self, averaged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bits of ``averaged`` (``[K, C]``) rounds of averaging ``d`` floats: every client uploads its

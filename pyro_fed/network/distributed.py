@@ -187,6 +187,19 @@ class TorchDistributedNetwork(Network):
         dist.broadcast_object_list(payload, src=dist.get_global_rank(self.group, 0), group=self.group)
         return value if self.rank == 0 else _like(payload[0], value)
 
+    def explain(self, error: Exception) -> Exception:
+        """A collective that failed because another process of the group is gone (gloo's "connection
+        closed/reset by peer") as an error that says so, naming this rank; others as they are."""
+        text = str(error)
+        if not any(sign in text for sign in ("closed by peer", "reset by peer", "Connection closed")):
+            return error
+        return RuntimeError(
+            f"pyro_fed: rank {self.rank} of {self.world_size} lost another process of its group: a process "
+            "stopped (killed, out of memory, or an error of its own, which its log or torchrun's report "
+            "names). Started again with the same checkpoint= files, the run resumes where they all were. "
+            f"(gloo: {text.strip().splitlines()[0]})"
+        )
+
     def shard(self, clients, num_data: int) -> tuple[torch.LongTensor, list[torch.LongTensor]]:
         """:func:`shard` with this network."""
         return shard(clients, num_data, self)
