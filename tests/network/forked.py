@@ -103,6 +103,11 @@ def _child(function, rank, world_size, port, timeout_seconds, options, sender) -
     try:
         # two ranks on two cores: one thread each, rather than both fighting for both cores
         torch.set_num_threads(1)
+        # TorchInductor's pool of compiling processes, if the parent started one, does not survive the fork
+        # (its threads stay behind): a child compiles by itself
+        from torch._inductor import config as inductor
+
+        inductor.compile_threads = 1
         # the environment torchrun would set: the group is joined as a script run by torchrun joins it
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
