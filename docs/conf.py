@@ -32,7 +32,7 @@ exclude_patterns = ["_build"]
 # build, as in this project's CI), each falls back to an empty local inventory: its references then stay
 # plain text rather than failing the build, while every reference to pyro_fed is still checked.
 nitpicky = True
-nitpick_ignore_regex = [(r"py:.*", r"(torch|numpy|np|collections|pyro|arviz|xarray|scipy)(\..*)?")]
+nitpick_ignore_regex = [(r"py:.*", r"(torch|numpy|np|collections|os|pyro|arviz|xarray|scipy)(\..*)?")]
 # the metrics' alias for draws in any of their forms (spelled out in that module's docstring), and Pyro's
 # poutine trace, which type hints name by its short name
 nitpick_ignore = [("py:class", "Draws"), ("py:class", "Trace")]

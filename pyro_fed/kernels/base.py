@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import warnings
@@ -46,6 +47,8 @@ DIVERGING_WARNING = 0.01
 #: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
 #: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
 EXPLOSION_SCALES = 1e6
+#: the constructor's own names, besides its settings
+CALLED = ("self", "model", "clients", "__class__")
 
 
 class ChainPlan(NamedTuple):
@@ -60,17 +63,21 @@ class ChainPlan(NamedTuple):
     initial_params: dict | None
 
 
-class _KernelType(type(MCMCKernel)):
-    """The federated kernels' metaclass: a kernel keeps the arguments it was constructed with, whatever its
-    class, for a checkpoint's fingerprint (:func:`~pyro_fed.kernels.checkpoint.fingerprint`)."""
+def _recording(init: Callable) -> Callable:
+    """A kernel class's ``init`` that first keeps the arguments of the outermost constructor call (the
+    user's, whatever the class), for a checkpoint's fingerprint
+    (:func:`~pyro_fed.kernels.checkpoint.fingerprint`); its signature is ``init``'s."""
 
-    def __call__(cls, *args, **kwargs):
-        kernel = super().__call__(*args, **kwargs)
-        kernel._arguments = (args, kwargs)
-        return kernel
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if "_arguments" not in self.__dict__:
+            self._arguments = (args, kwargs)
+        init(self, *args, **kwargs)
+
+    return __init__
 
 
-class FederatedKernel(MCMCKernel, metaclass=_KernelType):
+class FederatedKernel(MCMCKernel):
     """Base class of the federated kernels: a Pyro :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` that
     splits the model's data plate into clients and runs a federated algorithm, many iterations at a time.
 
@@ -178,6 +185,9 @@ class FederatedKernel(MCMCKernel, metaclass=_KernelType):
         checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
     ):
+        if "_arguments" not in self.__dict__:  # a subclass without a constructor of its own
+            given = dict(locals())
+            self._arguments = ((model, clients), {k: v for k, v in given.items() if k not in CALLED})
         self.model = model
         #: the checkpoint's file path and interval (see the parameters)
         self.checkpoint, self.checkpoint_every = check_checkpoint(checkpoint, checkpoint_every)
@@ -221,6 +231,11 @@ class FederatedKernel(MCMCKernel, metaclass=_KernelType):
         self._start: checkpoints.Start | None = None  # where the run's chains started
         self._fingerprint: dict | None = None  # of the run's configuration, with a checkpoint
         self._checkpointed = 0  # draws per chain computed at the last checkpoint
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _recording(cls.__dict__["__init__"])
 
     # ------------------------------------------------------- subclass API
     #: whether a server takes the algorithm's steps on the whole potential (QLSD), rather than every client on

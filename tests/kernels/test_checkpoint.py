@@ -3,6 +3,7 @@ run's draws, statistics and bits bit for bit, without a second warm-up; a checkp
 configuration is refused, naming what differs; the file holds tensors only."""
 
 import contextlib
+import inspect
 import os
 
 import numpy as np
@@ -255,3 +256,9 @@ def test_restored_generators_draw_what_would_have_followed():
     restored.set_state(state)
     assert torch.equal(restored.normal(5, dtype=torch.float64), expected[0])
     assert np.array_equal(restored.coins(0.5, 100), expected[1])
+
+
+def test_the_kernels_keep_their_signatures():
+    # the constructor arguments kept for the fingerprint leave every kernel's signature as written
+    assert {"comm_prob", "checkpoint", "checkpoint_every"} <= set(inspect.signature(FaldKernel).parameters)
+    assert "control_variate" in inspect.signature(QlsdKernel).parameters
