@@ -130,6 +130,23 @@ class TorchDistributedNetwork(Network):
         local = torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
         return _waited(funcol.all_reduce(local.to(torch.int32), "min", self.group)).bool()
 
+    def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
+        # one collective rather than two (the average, then the average of the squared deviations): each
+        # rank's mean and sum of squared deviations from it, combined as Chan, Golub and LeVeque's pairwise
+        # update does, sum_i |x_i - m|^2 = sum_r (M2_r + n_r |m_r - m|^2): the same value to rounding
+        local = clients.mean(-2)
+        squares = (clients - local.unsqueeze(-2)).square().sum((-2, -1))
+        parts = _all_gather(
+            torch.cat([local, squares[..., None]], -1).unsqueeze(0).contiguous(), 0, self.group
+        )
+        means, squares = parts[..., :-1], parts[..., -1]  # [W, C, d], [W, C]
+        sizes = torch.tensor(
+            [s.stop - s.start for s in blocks(self.num_clients, self.world_size)], dtype=clients.dtype
+        ).to(clients.device)
+        mean = (sizes[:, None, None] * means).sum(0) / self.num_clients
+        between = (sizes[:, None] * (means - mean).square().sum(-1)).sum(0)
+        return (squares.sum(0) + between) / self.num_clients
+
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         # every agent in the global order, then the held rows of Graph.mix computed from the whole
         # [..., n, d] tensor exactly as the one-process network computes it (the product of the whole
