@@ -84,6 +84,7 @@ Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics*, AIST
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -312,6 +313,8 @@ def client_stiffness(
 
     **Reference:** Golub & Van Loan, *Matrix Computations*, 4th ed., Section 10.1.
     """
+    if products is None:
+        products = functools.partial(hessian_products, client_gradients)
     shape = (points.shape[0], num_clients, points.shape[-1])
     dim, done = shape[-1], 0
     if start is None:
@@ -323,11 +326,7 @@ def client_stiffness(
     vector = basis[0]
     while done < min(iterations, dim):
         done += 1
-        tangents = whiten(root, basis[-1])
-        if products is None:
-            product = whiten(root, hessian_products(client_gradients, points, tangents))
-        else:
-            product = whiten(root, products(points, tangents))
+        product = whiten(root, products(points, whiten(root, basis[-1])))
         alphas.append((basis[-1] * product).sum(-1))
         stacked = torch.stack(basis, -2)  # [P, b, j, d]
         for _ in range(2):  # Gram-Schmidt twice: orthogonal to rounding

@@ -63,7 +63,8 @@ class Algorithm:
         are held."""
         if values.shape[dim] == 1:
             return values
-        return values.narrow(dim, *_start_and_length(self.network.held(self.network.num_clients)))
+        held = self.network.held(self.network.num_clients)
+        return values.narrow(dim, held.start, held.stop - held.start)
 
     def init(self, positions: torch.Tensor):
         """The initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""
@@ -111,7 +112,3 @@ class Algorithm:
         """The out-of-step event before an iteration whose coins are ``coins`` (``{name: [C, ...]}``),
         computed from the state before that iteration: the function then applied to the state after it."""
         raise NotImplementedError
-
-
-def _start_and_length(held: slice) -> tuple[int, int]:
-    return held.start, held.stop - held.start
