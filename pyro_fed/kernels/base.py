@@ -340,15 +340,8 @@ class FederatedKernel(MCMCKernel):
         minibatches = (
             None
             if self.full_local_batches
-            else MinibatchSampler(
-                pot.client_indices,
-                self.current_batch_size,
-                chunk_size=chunk,
-                num_chains=num_chains,
-                rng=self.rng,
-                dtype=pot.dtype,
-                all_client_sizes=pot.all_client_sizes,
-                held=network.held(network.num_clients),
+            else pot.minibatch_sampler(
+                self.current_batch_size, chunk_size=chunk, num_chains=num_chains, rng=self.rng
             )
         )
         # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),

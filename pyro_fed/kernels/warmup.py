@@ -14,7 +14,6 @@ import torch
 from ..algorithms import adaptation
 from ..algorithms import mode as mode_search
 from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING, ModeSearch, newton_decrement
-from ..data.minibatch import MinibatchSampler
 from ..engine.chunk_engine import ChunkEngine
 from ..engine.randomness import Randomness
 from ..network.in_process import InProcessNetwork
@@ -324,15 +323,8 @@ def _minibatch_gradients(pot, seed: int, batch: int | float | None):
         return lambda points: pot.full_client_grads(
             points[:, None, :].expand(-1, pot.num_clients, -1)
         ).expand(NOISE_DRAWS, -1, -1, -1)
-    sampler = MinibatchSampler(
-        pot.client_indices,
-        batch,
-        chunk_size=NOISE_DRAWS,
-        num_chains=1,
-        rng=Randomness(seed, pot.device),
-        dtype=pot.dtype,
-        all_client_sizes=pot.all_client_sizes,
-        held=pot.network.held(pot.network.num_clients),
+    sampler = pot.minibatch_sampler(
+        batch, chunk_size=NOISE_DRAWS, num_chains=1, rng=Randomness(seed, pot.device)
     )
     indices, weights = sampler(), sampler.datum_weights  # [R, b, n], [b, n]
 

@@ -30,8 +30,10 @@ from collections.abc import Callable, Sequence
 import torch
 from pyro.infer.autoguide.initialization import init_to_median
 
+from ..data.minibatch import MinibatchSampler
 from ..data.partition import to_index_lists
 from ..engine.compile import Prepared, check_mode, prepare
+from ..engine.randomness import Randomness
 from ..network.base import Network
 from ..network.in_process import InProcessNetwork
 from . import predictive
@@ -156,6 +158,23 @@ class FederatedPotential:
         return self.space.flat_values(self.sites.draw_initial_trace())
 
     # ------------------------------------------------------------ gradients
+    def minibatch_sampler(
+        self, batch_size: int | float, *, chunk_size: int, num_chains: int, rng: Randomness
+    ) -> MinibatchSampler:
+        """The held clients' :class:`~pyro_fed.data.minibatch.MinibatchSampler` of ``batch_size`` points
+        (or that fraction of each client's data), ``chunk_size`` iterations of ``num_chains`` chains at a
+        time, its keys drawn from ``rng`` for all the run's clients wherever they are held."""
+        return MinibatchSampler(
+            self.client_indices,
+            batch_size,
+            chunk_size=chunk_size,
+            num_chains=num_chains,
+            rng=rng,
+            dtype=self.dtype,
+            all_client_sizes=self.all_client_sizes,
+            held=self.network.held(len(self.all_client_sizes)),
+        )
+
     def batches(self, indices: Sequence[torch.Tensor]) -> ClientBatches:
         """Pad one index tensor per client into a :class:`~pyro_fed.model.gradients.ClientBatches` with
         weights ``N_i / n_i``."""
