@@ -471,6 +471,14 @@ class FederatedKernel(MCMCKernel):
         used = sizes if self.full_local_batches else client_batch_sizes(self.current_batch_size, sizes)
         return self.gradient_evaluations(not self.full_local_batches) * int(used.sum())
 
+    def _event_probability(self) -> float:
+        """The automatic probability per iteration of an event that evaluates all the data (VR-FALD⋆'s
+        refresh, the inverse of QLSD++'s snapshot period): a tenth of the run's data evaluations
+        (:func:`~pyro_fed.algorithms.adaptation.refresh_probability`, from all clients' sizes)."""
+        return adaptation.refresh_probability(
+            self.iteration_data(), int(self.potential.all_client_sizes.sum())
+        )
+
     def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
         """What the warm-up chose, with the kernel's own last word (D-ULA: a step its graph's mixing
         allows); as it is by default."""

@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from ..algorithms import adaptation, qlsd
+from ..algorithms import qlsd
 from ..algorithms.mode import MODE_TOLERANCE
 from ..network.compression import compressor
 from . import warmup
@@ -135,15 +135,13 @@ class QlsdKernel(FederatedKernel):
         snapshot_every = self.snapshot_every
         if self.control_variate == "svrg" and snapshot_every is None and not self.full_local_batches:
             # with full local batches the SVRG estimate is the exact gradient: snapshots would be useless
-            snapshot_every = math.ceil(
-                1.0 / adaptation.refresh_probability(self.iteration_data(), int(pot.all_client_sizes.sum()))
-            )
+            snapshot_every = math.ceil(1.0 / self._event_probability())
         return qlsd.Qlsd(
             compressor=self.compressor,
             participation=self.participation,
             control_variate=self.control_variate,
             memory_rate=self.current_memory_rate(),
-            snapshot_every=snapshot_every if self.control_variate == "svrg" else None,
+            snapshot_every=snapshot_every,  # None but for "svrg" (checked at construction)
             full_gradients=self._full_gradients,
             fixed_point=self._fixed_point() if self.control_variate == "fixed_point" else None,
             prior_gradient=self._server_prior_gradient if pot.prior_on_server else None,

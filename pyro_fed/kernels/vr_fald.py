@@ -51,9 +51,7 @@ class VrFaldKernel(FaldKernel):
     def make_algorithm(self, **common) -> vr_fald.VrFald:
         self._refresh_prob = self.refresh_prob
         if self._refresh_prob is None:
-            self._refresh_prob = adaptation.refresh_probability(
-                self.iteration_data(), int(self.potential.all_client_sizes.sum())
-            )
+            self._refresh_prob = self._event_probability()
         return vr_fald.VrFald(
             comm_prob=self.comm_prob,
             noise_corr=self.noise_corr,
