@@ -369,7 +369,7 @@ class FederatedKernel(MCMCKernel):
             engine=self._kept_engine(algorithm, args, kwargs),
         )
         if saved is not None:
-            checkpoints.restore_run(saved, self.runner, self.rng, self._buffer, self.network, pot.device)
+            checkpoints.restore_run(saved, self.runner, pot.device)
         self._checkpointed = self.runner.computed // thinning
 
     def _kept_engine(self, algorithm: Algorithm, args: tuple, kwargs: dict):
@@ -608,16 +608,8 @@ class FederatedKernel(MCMCKernel):
         finished = self.runner.remaining_iterations() == 0
         if not finished and computed - self._checkpointed < every:
             return
-        runner = self.runner
         contents = checkpoints.capture(
-            fingerprint=self._fingerprint,
-            state=runner.state,
-            computed=runner.computed,
-            start=self._start,
-            adaptation=self.adaptation,
-            rng=self.rng,
-            buffer=self._buffer,
-            network=self.network,
+            fingerprint=self._fingerprint, runner=self.runner, start=self._start, adaptation=self.adaptation
         )
         checkpoints.save(self.checkpoint, contents)
         self._checkpointed = computed

@@ -42,8 +42,6 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms.adaptation import Adaptation
-from ..engine.draws import DrawBuffer
-from ..engine.randomness import Randomness
 
 #: the layout of the file: a checkpoint of another layout is refused
 FORMAT = 1
@@ -204,19 +202,12 @@ def mismatch(path: str, saved: dict, current: dict, fields: list[str]) -> str:
 
 # ----------------------------------------------------------------------------------- the file
 def capture(
-    *,
-    fingerprint: dict,
-    state: tuple,
-    computed: int,
-    start: Start,
-    adaptation: Adaptation | None,
-    rng: Randomness,
-    buffer: DrawBuffer,
-    network,
+    *, fingerprint: dict, runner, start: Start, adaptation: Adaptation | None
 ) -> dict[str, torch.Tensor]:
-    """A run's checkpoint, CPU tensors by name (see the module's documentation): its fingerprint, the
-    algorithm's ``state`` after ``computed`` iterations, where it started, what the warm-up chose, the
-    generators, the draws so far and the network's counters."""
+    """A run's checkpoint, CPU tensors by name (see the module's documentation): its fingerprint, its
+    ``runner``'s (:class:`~pyro_fed.kernels.chunks.ChunkRunner`) algorithm state after the iterations it
+    computed, generators, draws so far and network counters, where it started and what the warm-up chose."""
+    state, computed, buffer, network = runner.state, runner.computed, runner.buffer, runner.network
     tensors: dict[str, torch.Tensor] = {}
     chosen = None
     if adaptation is not None:
@@ -245,7 +236,7 @@ def capture(
     }
     head.update({f"state.{i}": t.detach().cpu().clone() for i, t in enumerate(state)})
     head.update(tensors)
-    head.update({f"rng.{name}": value for name, value in rng.state().items()})
+    head.update({f"rng.{name}": value for name, value in runner.rng.state().items()})
     head.update({f"network.{name}": torch.from_numpy(getattr(network, name).copy()) for name in COUNTERS})
     head.update({f"buffer.{name}": value for name, value in buffer.state().items()})
     return head
@@ -360,15 +351,15 @@ def algorithm_state(saved: dict, device: torch.device) -> tuple[torch.Tensor, ..
     return tuple(saved[f"state.{i}"].to(device) for i in range(saved["meta"]["state"]))
 
 
-def restore_run(saved: dict, runner, rng: Randomness, buffer: DrawBuffer, network, device) -> None:
-    """Refill a freshly built run (its ``runner``, generators, empty ``buffer`` and ``network``) with the
+def restore_run(saved: dict, runner, device) -> None:
+    """Refill a freshly built run (its ``runner``, with its generators, empty buffer and network) with the
     checkpoint's iterations, generator states, draws and counters."""
     meta = saved["meta"]
     runner.computed = int(meta["computed"])
-    rng.set_state({name: saved[f"rng.{name}"] for name in ("tensors", "host")})
+    runner.rng.set_state({name: saved[f"rng.{name}"] for name in ("tensors", "host")})
     for name in COUNTERS:
-        setattr(network, name, saved[f"network.{name}"].numpy().copy())
+        setattr(runner.network, name, saved[f"network.{name}"].numpy().copy())
     prefix = "buffer."
     contents = {key[len(prefix) :]: value for key, value in saved.items() if key.startswith(prefix)}
     dtype = getattr(torch, meta["draws_dtype"]) if meta["draws_dtype"] else None
-    buffer.load_state(contents, dtype, device)
+    runner.buffer.load_state(contents, dtype, device)
