@@ -351,15 +351,14 @@ class FederatedKernel(MCMCKernel):
             positions.clone(),
             EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
         )
-        # later chains are served from the buffer only when a run will ask for them
-        self._buffer = DrawBuffer(thinning, keep=num_chains > 1 and self._iterations_needed is not None)
         self.runner = ChunkRunner(
             algorithm,
             state,
             pot,
             self.rng,
             minibatches,
-            self._buffer,
+            # later chains are served from the buffer only when a run will ask for them
+            DrawBuffer(thinning, keep=num_chains > 1 and self._iterations_needed is not None),
             constants,
             chunk=chunk,
             iterations_needed=self._iterations_needed,
@@ -593,7 +592,7 @@ class FederatedKernel(MCMCKernel):
             if self.checkpoint is not None:
                 self._write_checkpoint()
         self._served += 1
-        return self.potential.unconstrained_params(self._buffer.draw(draw, self._chain))
+        return self.potential.unconstrained_params(self.runner.buffer.draw(draw, self._chain))
 
     def _write_checkpoint(self) -> None:
         """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since
@@ -636,7 +635,7 @@ class FederatedKernel(MCMCKernel):
         (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
         VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
         say whether it happened in the draw's iterations, the counts are summed over them."""
-        return self._buffer.sample_stats(self._chain, self._warmup_steps, self._served)
+        return self.runner.buffer.sample_stats(self._chain, self._warmup_steps, self._served)
 
     def diagnostics(self) -> dict:
         stats = self.sample_stats()
@@ -650,7 +649,7 @@ class FederatedKernel(MCMCKernel):
                 + ").",
                 stacklevel=2,
             )
-        last = self._served - 1
+        last, buffer = self._served - 1, self.runner.buffer
         return {
             "convergence": self._end_of_run_check(),
             "step size": self.current_step_size,
@@ -658,9 +657,9 @@ class FederatedKernel(MCMCKernel):
             if self.adaptation is None
             else self.adaptation.preconditioner.cpu().numpy(),
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
-            "communication rounds": self._buffer.rounds_at(last, self._chain),
-            "uploaded bits": self._buffer.bits("uploaded", last, self._chain),
-            "downloaded bits": self._buffer.bits("downloaded", last, self._chain),
+            "communication rounds": buffer.rounds_at(last, self._chain),
+            "uploaded bits": buffer.bits("uploaded", last, self._chain),
+            "downloaded bits": buffer.bits("downloaded", last, self._chain),
             "sample_stats": stats,
         }
 
@@ -674,7 +673,8 @@ class FederatedKernel(MCMCKernel):
             return None
         if self._convergence is None:
             pot = self.potential
-            report = convergence.check(self._buffer.all_draws(self._warmup_steps), pot.space.coordinate_names)
+            draws = self.runner.buffer.all_draws(self._warmup_steps)
+            report = convergence.check(draws, pot.space.coordinate_names)
             problems = report.problems + self.warmup_problems()
             if problems:
                 warnings.warn(
@@ -710,13 +710,13 @@ class FederatedKernel(MCMCKernel):
     def logging(self) -> OrderedDict:
         """What the progress bar shows: the step size, the divergences, the averaging rounds and the bits
         uploaded so far (this chain, warm-up included), and the preparation time when it was noticeable."""
-        last = self._served - 1
+        last, buffer = self._served - 1, self.runner.buffer
         entries = [
             ("step", f"{self.current_step_size:.3g}"),
-            ("divergences", self._buffer.divergences_at(last, self._chain)),
-            ("rounds", self._buffer.rounds_at(last, self._chain)),
-            ("Mbits up", f"{self._buffer.bits('uploaded', last, self._chain) / 1e6:.3g}"),
-            ("Mbits down", f"{self._buffer.bits('downloaded', last, self._chain) / 1e6:.3g}"),
+            ("divergences", buffer.divergences_at(last, self._chain)),
+            ("rounds", buffer.rounds_at(last, self._chain)),
+            ("Mbits up", f"{buffer.bits('uploaded', last, self._chain) / 1e6:.3g}"),
+            ("Mbits down", f"{buffer.bits('downloaded', last, self._chain) / 1e6:.3g}"),
         ]
         seconds = self.preparation_seconds
         if seconds > 1:
