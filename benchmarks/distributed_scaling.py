@@ -150,9 +150,10 @@ def main(argv=None) -> None:
         "",
         "Measured by `benchmarks/distributed_scaling.py` (each set-up in fresh processes, one after",
         "another, on a shared 2-core CPU). Every process draws every client's randomness, and each",
-        "iteration of FALD makes four collectives (the average, the dispersion, the reported draw, the",
-        "divergence check), each about a millisecond over gloo: at this size they take about what the",
-        "halved gradient work saves. Runs of this script on this shared machine differ by up to 20%.",
+        "iteration of FALD makes five collectives (the average, the divergence check and the explosion",
+        "bound's draw, the reported draw, the dispersion), each about a millisecond over gloo: at this size",
+        "they take about what the halved gradient work saves. Runs of this script on this shared machine",
+        "differ by up to 20%.",
     ]
     table = "\n".join(lines) + "\n"
     RESULTS.mkdir(exist_ok=True)
