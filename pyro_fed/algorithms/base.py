@@ -10,6 +10,10 @@ the other clients only through its :class:`~pyro_fed.network.base.Network`:
   noise, compressor uniforms), drawn ahead so that an iteration is a fixed sequence of tensor operations;
 - the **step** (:meth:`~Algorithm.step`), one iteration given the clients' gradient estimates, and the
   **reported position** (:meth:`~Algorithm.position`), the draw;
+- what **meets** the other clients, and when: the iterations whose step meets them
+  (:meth:`~Algorithm.meeting_iterations`; the others run :meth:`~Algorithm.local_step`), and the draws'
+  bookkeeping, which each iteration computes where its clients are held (:meth:`~Algorithm.summary`) and a
+  chunk combines at its end with one meeting (:meth:`~Algorithm.report`);
 - its **per-iteration traffic** (:meth:`~Algorithm.traffic`), the bits each iteration sent, counted on the
   host from the coins;
 - its **out-of-step events** (:meth:`~Algorithm.event_iterations`, :meth:`~Algorithm.event`): rare, expensive
@@ -87,6 +91,19 @@ class Algorithm:
         preconditioned (see :func:`~pyro_fed.algorithms.langevin.langevin_step`)."""
         raise NotImplementedError
 
+    def meeting_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:
+        """``[K]`` bool: the iterations of a chunk whose step meets other clients (all, by default). The
+        others run :meth:`local_step`: where clients are held in several processes, they exchange nothing
+        then."""
+        return np.ones(len(next(iter(coins.values()))), dtype=bool)
+
+    def local_step(
+        self, state, gradients: Callable, inputs: tuple[torch.Tensor, ...], step_size: torch.Tensor
+    ):
+        """The step of an iteration that :meth:`meeting_iterations` leaves out: what :meth:`step` gives when
+        its coins keep every client to itself, computed without the network (:meth:`step` by default)."""
+        return self.step(state, gradients, inputs, step_size)
+
     def position(self, state) -> torch.Tensor:
         """The global iterate of each chain, reported as its draw, ``[C, d]``."""
         raise NotImplementedError
@@ -94,6 +111,19 @@ class Algorithm:
     def statistics(self, state) -> dict[str, torch.Tensor]:
         """Per-draw values of the state (``{name: [C, ...]}``; none by default)."""
         return {}
+
+    def summary(self, state) -> dict[str, torch.Tensor]:
+        """What an iteration keeps of its state for its draw and statistics (``{name: [C, ...]}``), computed
+        where the clients are held, without meeting: :meth:`report` turns a whole chunk's summaries into its
+        draws with one meeting. By default the draw (``"position"``) and the :meth:`statistics` themselves,
+        which then meet at every iteration if they reduce over the clients."""
+        return {"position": self.position(state), **self.statistics(state)}
+
+    def report(self, summaries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The draws (``"position"``, ``[K, C, d]``) and statistics (``{name: [K, C, ...]}``) of a chunk's
+        ``K`` iterations from their :meth:`summary` stacked (``[K, C, ...]`` each): as they are by
+        default."""
+        return summaries
 
     def traffic(self, coins: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What each iteration of a chunk sent, from its coins: uploaded bits, downloaded bits (each summed

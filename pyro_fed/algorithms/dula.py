@@ -249,5 +249,18 @@ class Dula(Algorithm):
             stats["agents"] = state.clients
         return stats
 
+    def summary(self, state):
+        held = {"moments": self.network.moments(state.clients)}
+        if self.record_agents:
+            held["agents"] = state.clients
+        return held
+
+    def report(self, summaries):
+        mean, dispersion = self.network.combine_moments(summaries["moments"])
+        stats = {"position": mean, "consensus_error": dispersion}
+        if self.record_agents:
+            stats["agents"] = summaries["agents"]
+        return stats
+
     def traffic(self, coins):
         return self.network.exchange_traffic(self.graph, coins["iteration"])

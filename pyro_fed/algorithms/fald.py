@@ -120,11 +120,31 @@ class Fald(Algorithm):
         noise, communicate = inputs
         return step(state, gradients, noise, communicate, self.network, step_size=step_size)
 
+    def meeting_iterations(self, coins):
+        # the clients meet only to average
+        return coins["communicated"].any(1)
+
+    def local_step(self, state, gradients, inputs, step_size):
+        noise, _ = inputs
+        grads = self.gradient_estimates(state, gradients)
+        return state._replace(clients=langevin_step(state.clients, grads, step_size, noise))
+
+    def gradient_estimates(self, state, gradients: Callable) -> torch.Tensor:
+        """The clients' gradient estimates of an iteration, ``[C, b, d]``: their minibatch gradients."""
+        return gradients(state.clients)
+
     def position(self, state):
         return position(state, self.network)
 
     def statistics(self, state):
         return {"dispersion": self.network.dispersion(state.clients)}
+
+    def summary(self, state):
+        return {"moments": self.network.moments(state.clients)}
+
+    def report(self, summaries):
+        mean, dispersion = self.network.combine_moments(summaries["moments"])
+        return {"position": mean, "dispersion": dispersion}
 
     def traffic(self, coins):
         communicated = coins["communicated"]

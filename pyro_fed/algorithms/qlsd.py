@@ -159,9 +159,10 @@ def aggregate(uploads: torch.Tensor, active: torch.Tensor, memory: torch.Tensor,
     from the uploads ``[..., b, d]``, the participation ``[..., b]`` and the memories ``[..., b, d]``, summed
     over the clients by the ``network``. With no active client the first term is 0."""
     uploads = torch.where(active[..., None], uploads, torch.zeros_like(uploads))
-    count = network.sum(active, -1).unsqueeze(-1).to(uploads.dtype)
+    # the three sums in one meeting; the count of 0/1 floats is exact
+    count, uploaded, memories = network.sums(active[..., None].to(uploads.dtype), uploads, memory)
     weight = torch.where(count > 0, network.num_clients / count.clamp_min(1.0), torch.zeros_like(count))
-    return weight * network.sum(uploads) + network.sum(memory)
+    return weight * uploaded + memories
 
 
 def estimate_noise(

@@ -174,6 +174,9 @@ class VrFald(Fald):
             exact_gradients=self.exact_gradients,
         )
 
+    def gradient_estimates(self, state, gradients):
+        return control_variate(state, gradients, self.exact_gradients)
+
     def traffic(self, coins):
         averaged = averages(coins["communicated"], coins["refreshed"])
         return (*self.network.averages_traffic(averaged), coins["communicated"])

@@ -5,8 +5,9 @@ minibatch indices, coins) is drawn ahead: the engine receives a pure function
 
     ``iteration(state, inputs, constants) -> (new_state, outputs)``
 
-(tuples of tensors; ``inputs`` are one iteration's slice of the chunk's pre-drawn tensors), prepares it once
-per input shape (:mod:`pyro_fed.engine.compile`: traced, and compiled by TorchInductor by default) and runs a
+(tuples of tensors; ``inputs`` are one iteration's slice of the chunk's pre-drawn tensors; an iteration of
+several *variants*, known on the host ahead, also takes the variant), prepares it once per variant and input
+shape (:mod:`pyro_fed.engine.compile`: traced, and compiled by TorchInductor by default) and runs a
 chunk of iterations:
 
 - on the CPU, the prepared iteration called in a loop, each call a single fused function;
@@ -32,13 +33,17 @@ Tensors = tuple[torch.Tensor, ...]
 class ChunkEngine:
     """Runs a pure iteration function over chunks of pre-drawn inputs.
 
-    :param iteration: ``(state, inputs, constants) -> (new_state, outputs)``, tuples of tensors; it must not
-        branch on tensor values (coins are selects) nor draw randomness.
+    :param iteration: ``(state, inputs, constants) -> (new_state, outputs)``, tuples of tensors, or
+        ``(state, inputs, constants, variant)`` where :meth:`run` is given variants; it must not branch on
+        tensor values (coins are selects) nor draw randomness.
     :param str mode: ``"compiled"``, ``"traced"`` or ``"eager"`` (see :mod:`pyro_fed.engine.compile`).
     :param str what: what the iteration is, for log lines and warnings.
     :param bool cuda_graphs: capture full chunks as CUDA graphs on CUDA devices.
     :param agree: the network's :meth:`~pyro_fed.network.base.Network.agree`, where several processes run
         the iteration (see :func:`~pyro_fed.engine.compile.prepare`).
+    :param meter: an object whose integer ``sent_bytes`` the iteration's collectives add to when their
+        Python runs (the network): at every call of an eager iteration, once when one is traced. The engine
+        adds a traced or compiled iteration's bytes at each of its calls.
     """
 
     def __init__(
@@ -49,8 +54,10 @@ class ChunkEngine:
         what: str,
         cuda_graphs: bool = True,
         agree: Callable[[bool], bool] | None = None,
+        meter=None,
     ):
         self.iteration = iteration
+        self.meter = meter
         self.mode = mode
         self.what = what
         self.cuda_graphs = cuda_graphs
@@ -63,47 +70,68 @@ class ChunkEngine:
     def _key(*groups: Sequence[torch.Tensor]) -> tuple:
         return tuple((t.shape, t.dtype, t.device) for group in groups for t in group)
 
-    def prepared(self, state: Tensors, step_inputs: Tensors, constants: Tensors) -> Prepared:
-        """The iteration prepared for these shapes (once per shape)."""
-        key = self._key(state, step_inputs, constants)
+    def prepared(self, state: Tensors, step_inputs: Tensors, constants: Tensors, variant=None) -> Prepared:
+        """The iteration (of ``variant``, unless ``None``) prepared for these shapes (once per shape)."""
+        key = (variant, *self._key(state, step_inputs, constants))
         if key not in self._prepared:
             counts = (len(state), len(step_inputs))
 
             def flat(*tensors):
                 s, i = counts
-                new_state, outputs = self.iteration(tensors[:s], tensors[s : s + i], tensors[s + i :])
+                groups = (tensors[:s], tensors[s : s + i], tensors[s + i :])
+                new_state, outputs = self.iteration(*groups, *(() if variant is None else (variant,)))
                 return (*new_state, *outputs)
 
-            self._prepared[key] = prepare(
+            sent = self._sent()
+            prepared = prepare(
                 flat, (*state, *step_inputs, *constants), self.mode, what=self.what, agree=self.agree
             )
-            self.preparation_seconds += self._prepared[key].seconds
+            # what one call sends: counted as it was traced (a real call), or by its Python at each call
+            prepared.sent_bytes = 0 if prepared.mode == "eager" else self._sent() - sent
+            self._prepared[key] = prepared
+            self.preparation_seconds += prepared.seconds
         return self._prepared[key]
 
     def run(
-        self, state: Tensors, inputs: Tensors, constants: Tensors, start: int, stop: int
+        self,
+        state: Tensors,
+        inputs: Tensors,
+        constants: Tensors,
+        start: int,
+        stop: int,
+        variants: Sequence | None = None,
     ) -> tuple[Tensors, list[torch.Tensor]]:
         """Iterations ``start .. stop - 1`` of a chunk.
 
         :param state: the state before iteration ``start``.
         :param inputs: the chunk's pre-drawn inputs, each ``[K, ...]`` (iteration ``k`` reads ``t[k]``).
         :param constants: tensors every iteration reads (hyper-parameters).
+        :param variants: the variant of each of the chunk's ``K`` iterations (hashable), passed to the
+            iteration; ``None``: an iteration of one variant, called without it.
         :returns: the state after iteration ``stop - 1`` and the outputs stacked ``[stop - start, ...]``.
         """
         if stop <= start:
             return state, []
-        function = self.prepared(state, tuple(t[0] for t in inputs), constants)
-        full_chunk = start == 0 and stop == inputs[0].shape[0]
+        step_inputs = tuple(t[0] for t in inputs)
+        chosen = [None] * (stop - start) if variants is None else list(variants[start:stop])
+        functions = {v: self.prepared(state, step_inputs, constants, v) for v in dict.fromkeys(chosen)}
+        if self.meter is not None:
+            self.meter.sent_bytes += sum(functions[v].sent_bytes for v in chosen)
+        full_chunk = start == 0 and stop == inputs[0].shape[0] and len(functions) == 1
+        function = next(iter(functions.values()))
         if full_chunk and self.cuda_graphs and state[0].is_cuda and function.mode != "eager":
             graph = self._graph(function, state, inputs, constants)
             if graph is not None:
                 return graph(state, inputs, constants)
-        return _iterate(function, state, inputs, constants, start, stop)
+        return _iterate([functions[v] for v in chosen], state, inputs, constants, start)
+
+    def _sent(self) -> int:
+        return 0 if self.meter is None else self.meter.sent_bytes
 
     def _graph(self, function: Prepared, state: Tensors, inputs: Tensors, constants: Tensors):
         """The chunk captured as a CUDA graph, once per shape; ``None`` (with one warning) where the capture
         fails, e.g. on an operation that waits for the host: then the iterations run one by one."""
-        key = self._key(state, inputs, constants)
+        key = (function, *self._key(state, inputs, constants))
         if key not in self._graphs:
             try:
                 self._graphs[key] = _ChunkGraph(function, state, inputs, constants)
@@ -118,17 +146,16 @@ class ChunkEngine:
 
 
 def _iterate(
-    function: Callable,
+    functions: Sequence[Callable],
     state: Tensors,
     inputs: Sequence[torch.Tensor],
     constants: Sequence[torch.Tensor],
     start: int,
-    stop: int,
 ) -> tuple[Tensors, list[torch.Tensor]]:
-    """Iterations ``start .. stop - 1``, one call of ``function`` each: the last state and the outputs
-    stacked ``[stop - start, ...]``."""
+    """Iterations ``start .. start + len(functions) - 1``, one call each of its function: the last state
+    and the outputs stacked ``[len(functions), ...]``."""
     num_state, outputs = len(state), []
-    for k in range(start, stop):
+    for k, function in enumerate(functions, start):
         result = function(*state, *(t[k] for t in inputs), *constants)
         state = tuple(result[:num_state])
         outputs.append(result[num_state:])
@@ -160,7 +187,7 @@ class _ChunkGraph:
     def _iterate(self, function: Prepared):
         s, i = self.num_state, self.num_inputs
         state, inputs, constants = self.static[:s], self.static[s : s + i], self.static[s + i :]
-        return _iterate(function, tuple(state), inputs, constants, 0, self.num_iterations)
+        return _iterate([function] * self.num_iterations, tuple(state), inputs, constants, 0)
 
     def __call__(self, state: Tensors, inputs: Tensors, constants: Tensors):
         for static, value in zip(self.static, (*state, *inputs, *constants), strict=True):

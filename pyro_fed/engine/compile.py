@@ -43,13 +43,15 @@ def check_mode(mode: str) -> str:
 
 
 class Prepared:
-    """A prepared function: callable, with the mode it actually runs in and the seconds its preparation
-    took (tracing and compilation)."""
+    """A prepared function: callable, with the mode it actually runs in, the seconds its preparation
+    took (tracing and compilation) and the bytes one call sends to other processes (``sent_bytes``, set by
+    whoever counts them: :class:`~pyro_fed.engine.chunk_engine.ChunkEngine`)."""
 
     def __init__(self, function: Callable, mode: str, seconds: float):
         self.function = function
         self.mode = mode
         self.seconds = seconds
+        self.sent_bytes = 0
 
     def __call__(self, *args):
         return self.function(*args)

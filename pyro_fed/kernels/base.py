@@ -660,6 +660,8 @@ class FederatedKernel(MCMCKernel):
             "communication rounds": buffer.rounds_at(last, self._chain),
             "uploaded bits": buffer.bits("uploaded", last, self._chain),
             "downloaded bits": buffer.bits("downloaded", last, self._chain),
+            # what crossed a wire (none in one process): this process's, for all its chains
+            "sent bytes": self.network.sent_bytes,
             "sample_stats": stats,
         }
 

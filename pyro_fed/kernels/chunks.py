@@ -23,6 +23,7 @@ from ..engine.chunk_engine import ChunkEngine
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
 from ..model.potential import FederatedPotential
+from ..network.base import held_finite
 
 #: with ``gradient_mode="auto"``, the iteration is compiled once the traced iterations still to run are
 #: projected to take longer than this (seconds): a compilation makes iterations several (up to 20) times
@@ -72,6 +73,8 @@ class ChunkRunner:
         #: iterations computed so far
         self.computed = 0
         self._engine = engine
+        # the names of the iterations' summaries, in the order of their outputs
+        self._summary_names = tuple(algorithm.summary(algorithm.state_type(*state)))
 
     def gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
@@ -89,20 +92,32 @@ class ChunkRunner:
 
         return gradients
 
-    def iteration(self, state, inputs, constants):
-        """One iteration as a pure tensor function, with the divergence revert: ``(state, outputs)``."""
+    def iteration(self, state, inputs, constants, variant: tuple[bool, bool]):
+        """One iteration as a pure tensor function: ``(state, (valid, *summary))``, ``summary`` the new
+        state's :meth:`~pyro_fed.algorithms.base.Algorithm.summary`.
+
+        ``variant`` is ``(checked, meets)``. ``meets``: whether the step meets other clients (else
+        :meth:`~pyro_fed.algorithms.base.Algorithm.local_step`). ``checked``: the divergence check is made
+        here, a diverging step reverted without waiting for the device (a select, not a branch), and
+        ``valid`` is whether the step was kept; unchecked, ``valid`` is only whether the held tensors are
+        finite, and :meth:`run_chunk` checks the chunk's iterations together at its end, with one meeting
+        instead of one per iteration."""
+        checked, meets = variant
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
         algorithm = self.algorithm
-        new = algorithm.step(algorithm.state_type(*state), self.gradients(indices), inputs, step_size)
-        valid = self.network.finite(new)
-        valid = valid & ((algorithm.position(algorithm.state_type(*new)) - start).abs() <= bound).all(-1)
-        # a diverging step is reverted without waiting for the device: select, don't branch
-        new = tuple(
-            torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
-        )
-        new_state = algorithm.state_type(*new)
-        return new, (algorithm.position(new_state), valid, *algorithm.statistics(new_state).values())
+        step = algorithm.step if meets else algorithm.local_step
+        new = tuple(step(algorithm.state_type(*state), self.gradients(indices), inputs, step_size))
+        valid = held_finite(new)
+        if checked:
+            summary = {k: v.unsqueeze(0) for k, v in algorithm.summary(algorithm.state_type(*new)).items()}
+            position = algorithm.report(summary)["position"][0]
+            valid = self.network.everywhere(valid) & _bounded(position, start, bound)
+            new = tuple(
+                torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o)
+                for n, o in zip(new, state, strict=True)
+            )
+        return new, (valid, *algorithm.summary(algorithm.state_type(*new)).values())
 
     def engine(self) -> ChunkEngine:
         """The prepared iteration (prepared once per shape: a new number of chains is a new shape)."""
@@ -111,7 +126,7 @@ class ChunkRunner:
         return self._engine
 
     def _new_engine(self, mode: str) -> ChunkEngine:
-        return ChunkEngine(self.iteration, mode, what=self.what, agree=self.network.agree)
+        return ChunkEngine(self.iteration, mode, what=self.what, agree=self.network.agree, meter=self.network)
 
     def remaining_iterations(self) -> int | None:
         """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
@@ -147,35 +162,67 @@ class ChunkRunner:
         return (self.minibatches()[:num_iterations], *inputs)
 
     def run_chunk(self) -> None:
-        """Compute the next chunk of draws of every chain."""
+        """Compute the next chunk of draws of every chain.
+
+        Its iterations run unchecked (:meth:`iteration`); the chunk's divergence check and draws then meet
+        once. Should a step have diverged, the chunk is run again from its start, each step checked and a
+        diverging one reverted as it runs: the same iterations, inputs and events, so that the draws are
+        those of a run that checks every step."""
         remaining = self.remaining_iterations()
         num_iterations = self.chunk if remaining is None else min(self.chunk, remaining)
         start_time = time.perf_counter()
         algorithm = self.algorithm
         coins = algorithm.coins(self.rng, self.computed, num_iterations)
         inputs = self._inputs(coins, num_iterations)
-        engine, state, outputs, start = self.engine(), self.state, [], 0
-        preparation, event_seconds = engine.preparation_seconds, 0.0
-        for k in np.flatnonzero(algorithm.event_iterations(coins)):
-            state, out = engine.run(state, inputs, self.constants, start, k)
+        engine = self.engine()
+        preparation = engine.preparation_seconds
+        # on a CUDA device a chunk is one captured graph, the same whatever its coins; elsewhere iterations
+        # that meet nobody skip a network whose clients are in other processes
+        meets = np.ones(num_iterations, dtype=bool)
+        if self.network.remote and not self.state[0].is_cuda:
+            meets = algorithm.meeting_iterations(coins)
+        state, valid, report, event_seconds = self._run(engine, inputs, coins, meets, checked=False)
+        valid = self.network.everywhere(valid) & _bounded(report["position"], *self.constants[1:])
+        if not bool(valid.all()):
+            state, valid, report, _ = self._run(engine, inputs, coins, meets, checked=True)
+        self.state = state
+        self.computed += num_iterations
+        positions = report.pop("position")
+        bits = self.network.record(*algorithm.traffic(coins))
+        self.buffer.add(positions, valid, report, algorithm.coin_statistics(coins), bits)
+        # the chunk's outputs are on the host now: the time is the device's too
+        elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
+        self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)
+
+    def _run(self, engine: ChunkEngine, inputs: tuple, coins: dict, meets: np.ndarray, *, checked: bool):
+        """The chunk's iterations from the runner's state, with its out-of-step events: ``(state, valid,
+        report, event_seconds)``, ``report`` the algorithm's
+        :meth:`~pyro_fed.algorithms.base.Algorithm.report` of the iterations' summaries."""
+        algorithm, state, outputs, start, event_seconds = self.algorithm, self.state, [], 0, 0.0
+        variants = [(checked, bool(m)) for m in meets]
+
+        def run(state, start, stop):
+            state, out = engine.run(state, inputs, self.constants, start, stop, variants)
             outputs.append(out)
+            return state
+
+        for k in np.flatnonzero(algorithm.event_iterations(coins)):
+            state = run(state, start, k)
             event_start, prepared = time.perf_counter(), self.potential.preparation_seconds
             after = algorithm.event(algorithm.state_type(*state), {n: c[k] for n, c in coins.items()})
             # the events' own time, without tracing their functions
             event_seconds += (
                 time.perf_counter() - event_start - (self.potential.preparation_seconds - prepared)
             )
-            state, out = engine.run(state, inputs, self.constants, k, k + 1)
-            outputs.append(out)
+            state = run(state, k, k + 1)
             state, start = tuple(after(algorithm.state_type(*state))), k + 1
-        state, out = engine.run(state, inputs, self.constants, start, num_iterations)
-        outputs.append(out)
-        self.state = state
-        self.computed += num_iterations
-        positions, valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
-        statistics = dict(zip(algorithm.statistics(algorithm.state_type(*state)), values, strict=True))
-        bits = self.network.record(*algorithm.traffic(coins))
-        self.buffer.add(positions, valid, statistics, algorithm.coin_statistics(coins), bits)
-        # the chunk's outputs are on the host now: the time is the device's too
-        elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
-        self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)
+        state = run(state, start, len(meets))
+        valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
+        report = algorithm.report(dict(zip(self._summary_names, values, strict=True)))
+        return state, valid, report, event_seconds
+
+
+def _bounded(positions: torch.Tensor, start: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """Whether the draws ``[..., C, d]`` are within the explosion bounds ``bound`` (``[C, d]``) of the
+    chains' initial points ``start``: ``[..., C]``."""
+    return ((positions - start).abs() <= bound).all(-1)

@@ -8,10 +8,10 @@ a result is the same on every holder.
 
 Three kinds of operation:
 
-- **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.average`, :meth:`~Network.broadcast`,
-  :meth:`~Network.average_where`, :meth:`~Network.dispersion`, :meth:`~Network.finite`,
-  :meth:`~Network.mix`): pure functions of tensors, which run inside a traced or compiled iteration and count
-  nothing;
+- **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.sums`, :meth:`~Network.average`,
+  :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.moments`,
+  :meth:`~Network.dispersion`, :meth:`~Network.everywhere`, :meth:`~Network.finite`, :meth:`~Network.mix`):
+  pure functions of tensors, which run inside a traced or compiled iteration and count nothing;
 - **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
   :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
   a decision made the same everywhere (an error, a fallback), the first holder's value (a seed, an initial
@@ -30,6 +30,12 @@ import torch
 BITS_PER_FLOAT = 32
 
 
+def held_finite(tensors) -> torch.Tensor:
+    """``[C]``: whether every entry of the tensors held here (``[C, ...]`` each) is finite, per chain: one
+    reduction per chain, since a non-finite entry makes its sum non-finite."""
+    return torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
+
+
 class Network:
     """What every network provides; subclasses implement the tensor operations.
 
@@ -44,6 +50,12 @@ class Network:
 
     num_clients: int  #: all clients, wherever they are held
     dim: int  #: floats in one message (the parameter dimension ``d``)
+    #: whether some clients are held in other processes: an iteration that meets no other client is then
+    #: worth running without the network (see :meth:`~pyro_fed.algorithms.base.Algorithm.local_step`)
+    remote = False
+    #: bytes this process sent to the others in the tensor operations so far (none in one process): the
+    #: floats actually on the wire, beside the bits the algorithm's messages are counted as
+    sent_bytes = 0
 
     def attach(self, num_clients: int, dim: int, num_chains: int = 1) -> Network:
         """Size the network for a run of ``num_chains`` chains of ``num_clients`` clients exchanging ``dim``
@@ -52,6 +64,7 @@ class Network:
         self.uploaded_bits = np.zeros(num_chains, dtype=np.int64)
         self.downloaded_bits = np.zeros(num_chains, dtype=np.int64)
         self.rounds = np.zeros(num_chains, dtype=np.int64)
+        self.sent_bytes = 0
         return self
 
     # ------------------------------------------------------------- tensors
@@ -59,6 +72,11 @@ class Network:
         """The sum over all clients of ``values``, whose axis ``dim`` holds the clients (``-2`` for
         ``[..., b, d]`` vectors, ``-1`` for ``[..., b]`` scalars)."""
         raise NotImplementedError
+
+    def sums(self, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The sums over all clients of several tensors ``[..., b, d_j]`` (clients on the second to last
+        axis), in one meeting where the clients are held in several places: ``([..., d_j], ...)``."""
+        return tuple(self.sum(v) for v in values)
 
     def average(self, uploads: torch.Tensor) -> torch.Tensor:
         """Every client uploads its row of ``uploads`` (``[..., b, d]``); the server's mean ``[..., d]``."""
@@ -76,21 +94,37 @@ class Network:
         averaged = self.broadcast(self.average(clients), clients.shape[-2])
         return torch.where(communicate[:, None, None], averaged, clients)
 
+    def moments(self, clients: torch.Tensor) -> torch.Tensor:
+        """What the clients held here contribute to the mean and the dispersion of all clients (``[..., b,
+        d]`` -> ``[..., m]``, the leading axes kept), computed without meeting: :meth:`combine_moments`
+        turns the contributions of one iteration, or of a whole chunk stacked, into the moments with one
+        meeting."""
+        raise NotImplementedError
+
+    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The clients' mean :math:`\bar X` (``[..., d]``) and dispersion :math:`V = \frac1b \sum_i \|X^i
+        - \bar X\|^2` (``[...]``) from the :meth:`moments` of the held clients (``[..., m]``)."""
+        raise NotImplementedError
+
     def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
         r""":math:`V = \frac1b \sum_i \|X^i - \bar X\|^2` per chain: how far the clients are from their
         average (FALD's ``dispersion``, D-ULA's ``consensus_error``)."""
-        centred = clients - self.average(clients).unsqueeze(-2)
-        return self.average(centred.square().sum(-1, keepdim=True))[..., 0]
+        return self.combine_moments(self.moments(clients))[1]
 
     def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """The largest over all clients of ``values``, whose axis ``dim`` holds the clients (``-1`` for
         ``[..., b]`` scalars)."""
         raise NotImplementedError
 
+    def everywhere(self, flags: torch.Tensor) -> torch.Tensor:
+        """Whether ``flags`` (booleans of any shape, the same on every holder) hold for every holder of
+        clients."""
+        raise NotImplementedError
+
     def finite(self, tensors) -> torch.Tensor:
         """``[C]``: whether every entry of every tensor of a state (``[C, ...]`` each, clients' or the
         server's) is finite, for each chain, over all clients."""
-        raise NotImplementedError
+        return self.everywhere(held_finite(tensors))
 
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         """One round of neighbour exchange over ``graph`` (:meth:`~pyro_fed.network.graphs.Graph.mix`):

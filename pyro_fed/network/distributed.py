@@ -90,6 +90,7 @@ class TorchDistributedNetwork(Network):
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.ordered = bool(ordered)
+        self.remote = self.world_size > 1
         # host collectives run on the device the backend communicates from: the CPU for gloo, the current
         # GPU for NCCL
         backend = str(dist.get_backend(self.group)).lower()
@@ -121,31 +122,37 @@ class TorchDistributedNetwork(Network):
 
     def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
         # the maximum does not depend on the order of the comparisons: the backend's reduction is exact
-        return _waited(funcol.all_reduce(values.amax(dim).contiguous(), "max", self.group))
+        return self._all_reduce(values.amax(dim), "max")
 
-    def finite(self, tensors) -> torch.Tensor:
-        # each rank's verdict per chain on what it holds (its clients' rows and its copy of the server's
-        # tensors, the same test as the one-process network's: a non-finite entry makes its sum non-finite),
-        # then the chain is valid if it is on every rank; the minimum of 0/1 is exact
-        local = torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
-        return _waited(funcol.all_reduce(local.to(torch.int32), "min", self.group)).bool()
+    def sums(self, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # the partial sums side by side, one collective: each entry is added over the ranks as it would be
+        # alone, to the same bits
+        partial = torch.cat([v.sum(-2) for v in values], -1)
+        return tuple(self._sum_over_ranks(partial).split([v.shape[-1] for v in values], -1))
 
-    def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
-        # one collective rather than two (the average, then the average of the squared deviations): each
-        # rank's mean and sum of squared deviations from it, combined as Chan, Golub and LeVeque's pairwise
-        # update does, sum_i |x_i - m|^2 = sum_r (M2_r + n_r |m_r - m|^2): the same value to rounding
-        local = clients.mean(-2)
-        squares = (clients - local.unsqueeze(-2)).square().sum((-2, -1))
-        parts = _all_gather(
-            torch.cat([local, squares[..., None]], -1).unsqueeze(0).contiguous(), 0, self.group
-        )
-        means, squares = parts[..., :-1], parts[..., -1]  # [W, C, d], [W, C]
+    def everywhere(self, flags: torch.Tensor) -> torch.Tensor:
+        # the minimum of 0/1 over the ranks is exact
+        return self._all_reduce(flags.to(torch.int32), "min").bool()
+
+    def moments(self, clients: torch.Tensor) -> torch.Tensor:
+        # this rank's sum of its clients and sum of their squared deviations from its own mean: combined
+        # as Chan, Golub and LeVeque's pairwise update does (combine_moments)
+        total = clients.sum(-2)
+        squares = (clients - (total / clients.shape[-2]).unsqueeze(-2)).square().sum((-2, -1))
+        return torch.cat([total, squares.unsqueeze(-1)], -1)
+
+    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # one collective: sum_i |x_i - m|^2 = sum_r (M2_r + n_r |m_r - m|^2), with m_r = S_r / n_r and
+        # m = sum_r S_r / b
+        gathered = self._all_gather(parts.unsqueeze(0))  # [W, ..., d + 1]
+        totals, squares = gathered[..., :-1], gathered[..., -1]
+        shape = (-1, *[1] * (totals.dim() - 1))
         sizes = torch.tensor(
-            [s.stop - s.start for s in blocks(self.num_clients, self.world_size)], dtype=clients.dtype
-        ).to(clients.device)
-        mean = (sizes[:, None, None] * means).sum(0) / self.num_clients
-        between = (sizes[:, None] * (means - mean).square().sum(-1)).sum(0)
-        return (squares.sum(0) + between) / self.num_clients
+            [s.stop - s.start for s in blocks(self.num_clients, self.world_size)], dtype=parts.dtype
+        ).to(parts.device)
+        mean = totals.sum(0) / self.num_clients
+        between = (sizes.view(shape) * (totals / sizes.view(shape) - mean).square()).sum(-1).sum(0)
+        return mean, (squares.sum(0) + between) / self.num_clients
 
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         # every agent in the global order, then the held rows of Graph.mix computed from the whole
@@ -232,8 +239,8 @@ class TorchDistributedNetwork(Network):
     def _sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
         if self.ordered:
             # [W, ...] partial sums, added in rank order: the same operation on the same inputs everywhere
-            return _all_gather(partial.unsqueeze(0).contiguous(), 0, self.group).sum(0)
-        return _waited(funcol.all_reduce(partial.contiguous(), "sum", self.group))
+            return self._all_gather(partial.unsqueeze(0)).sum(0)
+        return self._all_reduce(partial, "sum")
 
     def _gather_clients(self, values: torch.Tensor) -> torch.Tensor:
         """A traceable all-gather of the held clients ``[..., b_r, d]`` into all of them, ``[..., b, d]``, in
@@ -244,11 +251,25 @@ class TorchDistributedNetwork(Network):
         rows = values.movedim(-2, 0)  # the gather concatenates along the first axis
         if rows.shape[0] < largest:
             rows = torch.cat([rows, rows.new_zeros(largest - rows.shape[0], *rows.shape[1:])])
-        gathered = _all_gather(rows.contiguous(), 0, self.group)  # [W * largest, ..., d]
+        gathered = self._all_gather(rows)  # [W * largest, ..., d]
         if any(size != largest for size in sizes):
             gathered = torch.cat([gathered.narrow(0, r * largest, size) for r, size in enumerate(sizes)])
         # contiguous, as a one-process [..., b, d] tensor is, so that what follows computes the same bits
         return gathered.movedim(0, -2).contiguous()
+
+    def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The ranks' ``tensor`` concatenated along the first axis (traceable); counts what it sends."""
+        # this rank's tensor reaches each of the others (directly, or passed along a ring)
+        self.sent_bytes += (self.world_size - 1) * tensor.numel() * tensor.element_size()
+        return _all_gather(tensor.contiguous(), 0, self.group)
+
+    def _all_reduce(self, tensor: torch.Tensor, operation: str) -> torch.Tensor:
+        """The ranks' ``tensor`` reduced by ``operation`` (traceable); counts what it sends."""
+        # a ring's reduce-scatter and all-gather each send (W - 1) / W of the tensor
+        self.sent_bytes += (
+            2 * (self.world_size - 1) * tensor.numel() * tensor.element_size() // self.world_size
+        )
+        return _waited(funcol.all_reduce(tensor.contiguous(), operation, self.group))
 
     def _host_all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]

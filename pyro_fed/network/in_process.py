@@ -37,9 +37,17 @@ class InProcessNetwork(Network):
     def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return values.amax(dim)
 
-    def finite(self, tensors) -> torch.Tensor:
-        # one reduction per chain: a non-finite entry anywhere makes its sum non-finite
-        return torch.stack([t.flatten(1).sum(1) for t in tensors]).sum(0).isfinite()
+    def moments(self, clients: torch.Tensor) -> torch.Tensor:
+        # every client is here: the mean and the dispersion themselves, side by side
+        mean = clients.mean(-2)
+        dispersion = (clients - mean.unsqueeze(-2)).square().sum(-1, keepdim=True).mean(-2)
+        return torch.cat([mean, dispersion], -1)
+
+    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return parts[..., :-1], parts[..., -1]
+
+    def everywhere(self, flags: torch.Tensor) -> torch.Tensor:
+        return flags
 
     def held(self, num_clients: int) -> slice:
         return slice(0, num_clients)

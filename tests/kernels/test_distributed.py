@@ -205,3 +205,37 @@ def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(
     for (draws, chunks), (expected, all_chunks) in zip(run(), uninterrupted, strict=True):
         assert torch.equal(draws, expected)
         assert chunks == all_chunks - 1
+
+
+def test_fald_meets_only_at_its_rounds_and_counts_the_bytes_it_sends():
+    # with a given step there is no warm-up: besides the iterations, only the check of the initial points
+    chains, dim, iterations, float_bytes = 2, 3, 30, 8
+
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=dim)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        sent = {}
+        for mode in ("eager", "traced"):
+            kernel = KERNELS["FALD"](clients, network=network, gradient_mode=mode)
+            mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=chains, disable_progbar=True)
+            pyro.set_rng_seed(0)
+            mcmc.run(x[rows], y[rows])
+            stats = [
+                kernel.runner.buffer.sample_stats(c, 0, iterations)["communicated"] for c in range(chains)
+            ]
+            sent[mode] = network.sent_bytes, int((stats[0] | stats[1]).sum())
+        return sent
+
+    for sent in run_forked(run, 2, timeout_seconds=300):
+        (eager, rounds), (traced, same_rounds) = sent["eager"], sent["traced"]
+        assert 0 < rounds < iterations and same_rounds == rounds
+        # to the other rank, in float64: the partial potentials and gradients at the initial points (C + C d
+        # floats); the partial sums of the iterates at each iteration where a chain averages (C d); at each
+        # chunk's end, each iteration's partial moments (C (d + 1)) and, in a ring all-reduce of two ranks,
+        # half of its C int32 verdicts
+        initial = (chains + chains * dim) * float_bytes
+        averages = rounds * chains * dim * float_bytes
+        bookkeeping = iterations * (chains * (dim + 1) * float_bytes + chains * 4)
+        assert eager == initial + averages + bookkeeping
+        # a traced iteration's collectives are counted at each call, and once when traced (a real call)
+        assert traced == eager + chains * dim * float_bytes

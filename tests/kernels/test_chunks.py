@@ -1,0 +1,97 @@
+"""How a chunk runs: its steps unchecked, then one divergence check at its end (a diverging chunk is run
+again, each step checked), and the steps that meet no other client without the network."""
+
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed.kernels.chunks import ChunkRunner
+from pyro_fed.network.in_process import InProcessNetwork
+
+from ..models import gaussian_regression, logistic_model, regression_data
+
+CLIENTS = torch.arange(40) % 4
+#: steps too large for the data: some of the chains' steps explode, others not
+DIVERGING = {
+    "FALD": lambda: FaldKernel(gaussian_regression(0.5), CLIENTS, step_size=0.2, comm_prob=0.5, batch_size=5),
+    "VR-FALD*": lambda: VrFaldKernel(
+        gaussian_regression(0.5), CLIENTS, step_size=0.2, refresh_prob=0.3, batch_size=5
+    ),
+    "QLSD++": lambda: QlsdKernel(
+        gaussian_regression(0.5),
+        CLIENTS,
+        step_size=0.06,
+        control_variate="svrg",
+        snapshot_every=3,
+        batch_size=5,
+    ),
+}
+
+
+def run(kernel, num_samples=120):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, num_chains=2, disable_progbar=True)
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning):  # the end-of-run checks, and the divergences'
+        mcmc.run(*regression_data(40))
+    return mcmc.get_samples(group_by_chain=True)["w"], kernel
+
+
+@pytest.mark.parametrize("name", DIVERGING)
+def test_a_chunk_checked_at_its_end_gives_the_draws_of_steps_checked_one_by_one(name, monkeypatch):
+    draws, kernel = run(DIVERGING[name]())
+    diverging = kernel.runner.buffer.sample_stats(0, 0, 120)["diverging"]
+    # the case this is about: a chunk where some steps diverge and others not
+    assert 0 < diverging.sum() < len(diverging), diverging.sum()
+    checked_run = ChunkRunner._run
+    monkeypatch.setattr(
+        ChunkRunner, "_run", lambda self, *args, checked: checked_run(self, *args, checked=True)
+    )
+    every_step_checked, _ = run(DIVERGING[name]())
+    assert torch.equal(draws, every_step_checked)
+    # a reverted step leaves the chain where it was: its draw repeats the one before, to the bit
+    for chain in range(2):
+        stats = kernel.runner.buffer.sample_stats(chain, 0, 120)
+        for j in stats["diverging"].nonzero()[0]:
+            if j > 0:
+                assert torch.equal(draws[chain, j], draws[chain, j - 1])
+
+
+class RemoteNetwork(InProcessNetwork):
+    """The in-process network, as if some clients were held elsewhere; counts the averaging steps."""
+
+    remote = True
+
+    def __init__(self):
+        super().__init__()
+        self.averaging_steps = 0
+
+    def average_where(self, communicate, clients):
+        self.averaging_steps += 1
+        return super().average_where(communicate, clients)
+
+
+def test_iterations_that_meet_no_client_run_without_the_network_and_to_the_same_draws():
+    def fald(network=None):
+        kernel = FaldKernel(
+            logistic_model,
+            6,
+            step_size=0.01,
+            comm_prob=0.3,
+            batch_size=4,
+            gradient_mode="eager",
+            network=network,
+        )
+        MCMC(kernel, num_samples=200, warmup_steps=0, disable_progbar=True).run(*regression_data(60))
+        return kernel
+
+    torch.manual_seed(0)
+    here = fald()
+    torch.manual_seed(0)
+    elsewhere = fald(RemoteNetwork())
+    rounds = int(elsewhere.network.rounds[0])
+    assert 30 < rounds < 90  # 200 coins of probability 0.3: 60 +- 6.5
+    # eager: one average per iteration that communicates, none in the others
+    assert elsewhere.network.averaging_steps == rounds
+    # an average skipped is the select of the iterates kept: the same bits
+    assert (here.runner.buffer.all_draws(0) == elsewhere.runner.buffer.all_draws(0)).all()
