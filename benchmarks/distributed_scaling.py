@@ -17,8 +17,8 @@ second run of ``ITERATIONS`` iterations on the same kernel and data (the prepare
 figure is iterations per second of the second run; the speed-up is against one process with one thread
 (the same cores as one of the two processes). The communication share is estimated as the part of the
 two-process time that the one-process time halved does not explain, ``1 - (t_1 / 2) / t_2``: it counts
-the collectives, the waiting for the slower process and the work every process repeats (each draws every
-client's randomness, so that the draws do not depend on where the clients are held). Beside them, the bytes
+the collectives, the waiting for the slower process and the work every process repeats (the coins of all
+clients, the server's steps, the per-chunk bookkeeping). Beside them, the bytes
 per iteration that the algorithm's messages are counted as and that rank 0 actually sent.
 
 Run it (about two minutes)::
@@ -172,8 +172,8 @@ def main(argv=None) -> None:
         "Measured by `benchmarks/distributed_scaling.py` (each set-up in fresh processes, one after",
         "another, on a shared 2-core CPU). FALD's processes meet only at its averaging rounds (half the",
         "iterations) and QLSD++'s once per iteration, plus one exchange of the divergence checks and the",
-        "draws per chunk of 64 iterations. Every process still draws every client's randomness (noise",
-        "and minibatches), which does not shrink with more processes. Runs of this script on this shared",
+        "draws per chunk of 64 iterations. Each process draws the noise and minibatches of its own",
+        "clients' blocks of randomness, and the coins of all clients. Runs of this script on this shared",
         "machine differ by up to 20%.",
     ]
     table = "\n".join(lines) + "\n"

@@ -62,9 +62,10 @@ class Algorithm:
 
     def held(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
         """The held clients' part of ``values`` drawn for all the run's clients (axis ``dim``; a part
-        broadcast to every client, of size 1 there, as it is). Randomness is drawn for every client,
-        wherever it is held, and each holder keeps its own: a run's draws do not depend on where its clients
-        are held."""
+        broadcast to every client, of size 1 there, as it is): the host coins are drawn for every client,
+        wherever it is held, so that every holder counts the bits of all of them, and each keeps its own.
+        (The device randomness of the clients is drawn by blocks, each holder drawing its own:
+        :meth:`~pyro_fed.engine.randomness.Randomness.client_normal`.)"""
         if values.shape[dim] == 1:
             return values
         held = self.network.held(self.network.num_clients)

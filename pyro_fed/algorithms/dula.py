@@ -225,8 +225,11 @@ class Dula(Algorithm):
     def inputs(self, rng, coins):
         iterations = coins["iteration"]
         agents = self.network.num_clients
-        noise = rng.normal(len(iterations), self.num_chains, agents, self.dim, dtype=self.dtype)
-        return self.held(noise), torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
+        leading = (len(iterations), self.num_chains)
+        noise = rng.client_normal(
+            *leading, num_clients=agents, held=self.network.held(agents), dim=self.dim, dtype=self.dtype
+        )
+        return noise, torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
 
     def step(self, state, gradients, inputs, step_size):
         noise, iteration = inputs

@@ -113,8 +113,10 @@ class Fald(Algorithm):
 
     def inputs(self, rng, coins):
         leading = (len(coins["communicated"]), self.num_chains)
-        noise = client_noise(rng, leading, self.network.num_clients, self.dim, self.noise_corr, self.dtype)
-        return self.held(noise), torch.as_tensor(coins["communicated"], device=self.device)
+        everyone = self.network.num_clients
+        held = self.network.held(everyone)
+        noise = client_noise(rng, leading, everyone, self.dim, self.noise_corr, self.dtype, held)
+        return noise, torch.as_tensor(coins["communicated"], device=self.device)
 
     def step(self, state, gradients, inputs, step_size):
         noise, communicate = inputs

@@ -39,22 +39,35 @@ def scale_step(step_size: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 
 def client_noise(
-    rng: Randomness, leading: tuple[int, ...], num_clients: int, dim: int, noise_corr: float, dtype
+    rng: Randomness,
+    leading: tuple[int, ...],
+    num_clients: int,
+    dim: int,
+    noise_corr: float,
+    dtype,
+    held: slice | None = None,
 ) -> torch.Tensor:
     r"""Client noises :math:`Z^i = \sqrt{\tau/b}\,\tilde Z + \sqrt{1-\tau}\,\tilde Z^i`, shaped
-    ``[*leading, b, d]`` — or ``[*leading, 1, d]`` when :math:`\tau = 1` (every client receives the same
-    noise, broadcast by the step rather than copied).
+    ``[*leading, b_h, d]`` for the ``b_h`` clients ``held`` of the run's ``b`` (all by default) — or
+    ``[*leading, 1, d]`` when :math:`\tau = 1` (every client receives the same noise, broadcast by the step
+    rather than copied).
 
-    :math:`\tilde Z` is shared by all clients (a common seed) and :math:`\tilde Z^i` private, so the client
+    :math:`\tilde Z` is shared by all clients (a common seed) and :math:`\tilde Z^i` private (from the
+    client's block of :class:`~pyro_fed.engine.randomness.Randomness`, wherever it is held), so the client
     average always receives noise of variance :math:`1/b` per coordinate, for every :math:`\tau \in [0, 1]`
     (the paper's synchronous coupling requires :math:`\sqrt{\tau/b}`). Only the draws that :math:`\tau`
     needs are made.
 
     **Reference:** Plassier et al., AISTATS 2023, eq. (6).
     """
+    held = slice(0, num_clients) if held is None else held
+
+    def private():
+        return rng.client_normal(*leading, num_clients=num_clients, held=held, dim=dim, dtype=dtype)
+
     if noise_corr == 0.0:
-        return rng.normal(*leading, num_clients, dim, dtype=dtype)
+        return private()
     shared = rng.normal(*leading, 1, dim, dtype=dtype) * math.sqrt(noise_corr / num_clients)
     if noise_corr == 1.0:
         return shared
-    return shared + math.sqrt(1.0 - noise_corr) * rng.normal(*leading, num_clients, dim, dtype=dtype)
+    return shared + math.sqrt(1.0 - noise_corr) * private()

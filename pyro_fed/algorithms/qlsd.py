@@ -253,8 +253,12 @@ class Qlsd(Algorithm):
         active = self.held(torch.as_tensor(coins["active"], device=self.device), -1)
         if not self.compressor.random:
             return noise, active
-        uniforms = rng.uniform(*leading, self.network.num_clients, self.dim, dtype=self.dtype)
-        return noise, active, self.held(uniforms)
+        everyone = self.network.num_clients
+        held = self.network.held(everyone)
+        uniforms = rng.client_uniform(
+            *leading, num_clients=everyone, held=held, dim=self.dim, dtype=self.dtype
+        )
+        return noise, active, uniforms
 
     def step(self, state, gradients, inputs, step_size):
         noise, active, *uniforms = inputs

@@ -9,8 +9,9 @@ marginally a uniform ``n_i``-subset of the client's data, so the gradient estima
 :math:`\\varpi^i \\nabla U^0 + (N_i/n_i) \\sum_{j \\in S} \\nabla U^i_j` is unbiased.
 
 All the permutations a chunk needs are drawn at once, one row of uniform keys per (chain, client, epoch)
-sorted row by row (``Σ_i ⌈K/m_i⌉ N_i`` keys, about ``K Σ_i n_i``: the cost per iteration is of the order of
-the minibatches themselves), and the chunk's indices are read from them with one precomputed gather.
+from the generator of the client's block (:class:`~pyro_fed.engine.randomness.Randomness`), sorted row by
+row (``Σ_i ⌈K/m_i⌉ N_i`` keys, about ``K Σ_i n_i``: the cost per iteration is of the order of the
+minibatches themselves), and the chunk's indices are read from them with one precomputed gather.
 Clients whose data fit in one minibatch use all of it at every iteration.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.randomness import Randomness
+from ..engine.randomness import CLIENTS_PER_BLOCK, Randomness
 from .partition import pad_indices
 
 
@@ -41,13 +42,14 @@ class MinibatchSampler:
         in ``(0, 1)`` of each client's data (at least one point).
     :param int chunk_size: iterations per chunk ``K``.
     :param int num_chains: independent copies of the clients (chains), each with its own minibatches.
-    :param rng: randomness (the device generator draws the sort keys).
+    :param rng: randomness: each client's sort keys are drawn from the generator of its block
+        (:meth:`~pyro_fed.engine.randomness.Randomness.block`).
     :param dtype: floating dtype of the datum weights.
     :param all_client_sizes: where ``client_indices`` are the clients held here of a run whose clients are
         held in several places: the data sizes of all of them (``[B]``), and
-    :param held: which of them are held here (a slice). The keys are then drawn for all ``B`` clients, as
-        one holder of all of them would, and each holder keeps its own clients' minibatches: the
-        minibatches do not depend on where the clients are held.
+    :param held: which of them are held here (a slice). Each block that holds a client of ``held`` then
+        draws its keys whole, as one holder of all of them would, and keeps its held clients'
+        minibatches: the minibatches do not depend on where the clients are held.
 
     Attributes: ``datum_weights`` ``[C·b, n]`` (``N_i / n_i`` on real entries, 0 on padding) and
     ``batch_sizes`` (the ``n_i``).
@@ -65,14 +67,69 @@ class MinibatchSampler:
         all_client_sizes: torch.Tensor | None = None,
         held: slice | None = None,
     ):
-        self.rng = rng
-        device = rng.device
-        self.held = None
-        if all_client_sizes is not None and len(all_client_sizes) != len(client_indices):
-            # the others' rows only take their keys: placeholders of their sizes
-            self.held, self.num_chains = held, num_chains
-            placeholders = [torch.zeros(int(n), dtype=torch.long) for n in all_client_sizes]
-            client_indices = placeholders[: held.start] + list(client_indices) + placeholders[held.stop :]
+        if all_client_sizes is None:
+            all_client_sizes, held = torch.tensor([len(ix) for ix in client_indices]), None
+        held = slice(0, len(client_indices)) if held is None else held
+        self.num_chains, everyone = num_chains, len(all_client_sizes)
+        # the widest minibatch of all the clients, wherever they are held: the same shapes everywhere
+        width = int(client_batch_sizes(batch_size, all_client_sizes).max())
+        self.blocks = []
+        for number in range(held.start // CLIENTS_PER_BLOCK, (held.stop - 1) // CLIENTS_PER_BLOCK + 1):
+            first = number * CLIENTS_PER_BLOCK
+            last = min(first + CLIENTS_PER_BLOCK, everyone)
+            keep = slice(max(held.start, first), min(held.stop, last))
+            self.blocks.append(
+                _BlockSampler(
+                    client_indices[keep.start - held.start : keep.stop - held.start],
+                    batch_size,
+                    chunk_size=chunk_size,
+                    num_chains=num_chains,
+                    generator=rng.block(number),
+                    device=rng.device,
+                    dtype=dtype,
+                    block_sizes=all_client_sizes[first:last],
+                    held=slice(keep.start - first, keep.stop - first),
+                    width=width,
+                )
+            )
+        self.datum_weights = self._joined([b.datum_weights for b in self.blocks])
+        self.batch_sizes = [n for b in self.blocks for n in b.batch_sizes]
+
+    def _joined(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The blocks' ``[..., C·b_j, n]`` rows joined into ``[..., C·b, n]``, chain by chain."""
+        if len(parts) == 1:
+            return parts[0]
+        chains = [p.reshape(*p.shape[:-2], self.num_chains, -1, p.shape[-1]) for p in parts]
+        joined = torch.cat(chains, -2)
+        return joined.reshape(*joined.shape[:-3], -1, joined.shape[-1])
+
+    def __call__(self) -> torch.Tensor:
+        """Indices ``[K, C·b, n]`` of the chunk's minibatches."""
+        return self._joined([block() for block in self.blocks])
+
+
+class _BlockSampler:
+    """The minibatches of the held clients of one block: the keys of all its clients drawn from its
+    generator, one row per (chain, client, epoch)."""
+
+    def __init__(
+        self,
+        client_indices: Sequence[torch.Tensor],
+        batch_size: int | float,
+        *,
+        chunk_size: int,
+        num_chains: int,
+        generator: torch.Generator,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_sizes: torch.Tensor,
+        held: slice,
+        width: int,
+    ):
+        self.generator, self.held, self.num_chains = generator, held, num_chains
+        # the block's other clients only take their keys: placeholders of their sizes
+        placeholders = [torch.zeros(int(n), dtype=torch.long) for n in block_sizes]
+        client_indices = placeholders[: held.start] + list(client_indices) + placeholders[held.stop :]
         table, sizes = pad_indices(client_indices, device)  # [b, N_max], [b]
         batch = client_batch_sizes(batch_size, sizes)  # n_i
         per_epoch = sizes // batch  # m_i minibatches per permutation
@@ -92,29 +149,31 @@ class MinibatchSampler:
         first_row = (epochs.cumsum(0) - epochs) + rows_per_chain * torch.arange(num_chains, device=device)[
             :, None
         ]
-        n = int(batch.max())
-        column = torch.arange(n, device=device)
+        column = torch.arange(width, device=device)
         columns = slot[..., None] * batch[:, None] + torch.minimum(
             column, batch[:, None] - 1
         )  # padding repeats
         rows = (first_row + epoch)[..., None]  # [K, C, b, 1]
-        self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), n)
+        self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), width)
         real = column < batch[:, None]
         weights = torch.where(real, (sizes / batch)[:, None].to(dtype), torch.zeros((), dtype=dtype))
         self.datum_weights = self._held_rows(weights.repeat(num_chains, 1))  # [C·b, n]
-        self.batch_sizes = batch.tolist() if self.held is None else batch[self.held].tolist()
+        self.batch_sizes = batch[held].tolist()
 
     def _held_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """The held clients' rows of ``[..., C·B, n]`` rows of every client: ``[..., C·b, n]``."""
-        if self.held is None:
-            return values
+        """The held clients' rows of ``[..., C·B, n]`` rows of every client of the block: ``[..., C·b,
+        n]``."""
         per_chain = values.reshape(*values.shape[:-2], self.num_chains, -1, values.shape[-1])
+        if self.held == slice(0, per_chain.shape[-2]):
+            return values
         return per_chain[..., self.held, :].reshape(*values.shape[:-2], -1, values.shape[-1])
 
     def __call__(self) -> torch.Tensor:
-        """Indices ``[K, C·b, n]`` of the chunk's minibatches."""
+        """Indices ``[K, C·b, n]`` of the chunk's minibatches of the held clients."""
         # float64 keys: ties (which would favour an order) are practically impossible
-        keys = self.rng.uniform(*self.table.shape, dtype=torch.float64)
+        keys = torch.rand(
+            self.table.shape, generator=self.generator, dtype=torch.float64, device=self.table.device
+        )
         keys = keys.masked_fill(self.padding, 2.0)  # padding sorts last
         permuted = self.table.gather(1, keys.argsort(1))
         return self._held_rows(permuted.view(-1)[self.gather])

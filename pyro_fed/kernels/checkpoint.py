@@ -16,7 +16,8 @@ whose other entries are CPU tensors:
 - ``state.<i>``: the algorithm's state, ``positions`` (the chains' initial points ``[C, d]``) and
   ``inverse_mass``; ``computed`` (iterations done) and ``seeds`` (the run's two seeds);
 - ``adaptation.<field>``: the adaptation's tensors (its numbers are in ``meta``);
-- ``rng.tensors`` and ``rng.host``: the run's generators
+- ``rng.tensors``, ``rng.host``, ``rng.block_numbers`` and ``rng.blocks``: the run's generators (its
+  clients' blocks included)
   (:meth:`~pyro_fed.engine.randomness.Randomness.state`);
 - ``network.<counter>``: ``uploaded_bits``, ``downloaded_bits`` and ``rounds`` per chain;
 - ``buffer.<name>``: the draws and their statistics (:meth:`~pyro_fed.engine.draws.DrawBuffer.state`).
@@ -44,7 +45,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..algorithms.adaptation import Adaptation
 
 #: the layout of the file: a checkpoint of another layout is refused
-FORMAT = 1
+FORMAT = 2
 #: tensors up to this many bytes are hashed whole in the fingerprint; larger ones by their float64 sum and
 #: ``SAMPLED_VALUES`` values spread over them (a cheap check, not a proof, that the data are the same)
 HASHED_BYTES = 2**26
@@ -356,7 +357,9 @@ def restore_run(saved: dict, runner, device) -> None:
     checkpoint's iterations, generator states, draws and counters."""
     meta = saved["meta"]
     runner.computed = int(meta["computed"])
-    runner.rng.set_state({name: saved[f"rng.{name}"] for name in ("tensors", "host")})
+    runner.rng.set_state(
+        {key[len("rng.") :]: value for key, value in saved.items() if key.startswith("rng.")}
+    )
     for name in COUNTERS:
         setattr(runner.network, name, saved[f"network.{name}"].numpy().copy())
     prefix = "buffer."

@@ -11,10 +11,10 @@ order: rank ``r`` holds the clients
 (:meth:`TorchDistributedNetwork.held`), so that blocks differ in size by at most one client and every rank
 holds at least one when ``W <= b``. Each rank passes the network tensors that carry only its held clients on
 their client axis (``[C, b_r, d]``); the server's tensors (``[C, d]``, QLSD's :math:`\theta`) are replicated:
-every rank computes them, from the same reductions, to the same bits. The randomness of an iteration must
-be drawn for all ``b`` clients on every rank from the shared seed, each rank keeping its held clients'
-(as the one-process run draws it): a rank drawing only for its own clients would give the clients of
-different ranks the same draws, and count the bits of its own coins only.
+every rank computes them, from the same reductions, to the same bits. A client's randomness is drawn from
+its block's stream (:class:`~pyro_fed.engine.randomness.Randomness`), the same wherever the client is held;
+the host coins are drawn for all clients on every rank, each keeping its own, so that every rank counts the
+bits of all of them.
 
 The tensor operations run eagerly and inside a traced (:func:`~torch.fx.experimental.proxy_tensor.make_fx`)
 or TorchInductor-compiled iteration: they use only the functional collectives of

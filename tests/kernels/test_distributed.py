@@ -98,6 +98,23 @@ def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
 
 
+def test_clients_of_a_block_split_between_ranks_draw_what_they_draw_in_one_process():
+    # 600 clients of 6 points: three blocks of randomness, the ranks' boundary (300) inside the second one;
+    # noise, minibatches (4 of 6 points), compressor uniforms and agents' noise all drawn by blocks
+    names, clients, num_data = ["FALD", "QLSD#", "D-ULA ring"], 600, 3600
+
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=num_data, dim=3)
+        rows, held = shard(clients, num_data, network)
+        return {name: draws(name, held, (x[rows], y[rows]), network)[0] for name in names}
+
+    results = run_forked(run, 2, timeout_seconds=300)
+    for name in names:
+        expected, _ = draws(name, clients, regression_data(num_data=num_data, dim=3))
+        for result in results:
+            torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
+
+
 def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likelihood_and_rank_0_the_bar():
     def run(rank, world_size, network):
         x, y = regression_data(num_data=NUM_DATA, dim=3)
