@@ -270,6 +270,24 @@ class FederatedKernel(MCMCKernel):
         )
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        self._meeting(self._setup, warmup_steps, *args, **kwargs)
+
+    def _meeting(self, work: Callable, *args, **kwargs):
+        """``work(*args, **kwargs)``, whose errors are every holder's where clients are held in several
+        processes: a lost process is named (:meth:`~pyro_fed.network.base.Network.explain`), and an error of
+        this one's own makes it leave the others, so that none waits for it
+        (:meth:`~pyro_fed.network.base.Network.leave`)."""
+        network = self._network or self._in_process
+        try:
+            return work(*args, **kwargs)
+        except Exception as error:
+            explained = network.explain(error)
+            if explained is not error:
+                raise explained from error
+            network.leave(error)
+            raise
+
+    def _setup(self, warmup_steps: int, *args, **kwargs) -> None:
         if self._continues_batched_run():
             self._chain += 1
             self._served = 0
@@ -582,13 +600,7 @@ class FederatedKernel(MCMCKernel):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         draw = self._served
         if (draw + 1) * self.current_thinning > self.runner.computed:
-            try:
-                self.runner.run_chunk()
-            except RuntimeError as error:
-                explained = self.network.explain(error)
-                if explained is error:
-                    raise
-                raise explained from error
+            self._meeting(self.runner.run_chunk)
             if self.checkpoint is not None:
                 self._write_checkpoint()
         self._served += 1

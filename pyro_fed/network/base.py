@@ -151,6 +151,10 @@ class Network:
         same for every holder."""
         raise NotImplementedError
 
+    def leave(self, error: BaseException) -> None:
+        """This holder stops with ``error`` (its own, not one of meeting the others): where clients are held
+        in several processes, the others are told, so that none waits for it. Nothing to do by default."""
+
     def explain(self, error: Exception) -> Exception:
         """The error to raise for ``error``, raised while the clients met: as it is by default; a network of
         several processes says that another process was lost."""

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -45,11 +47,16 @@ import torch.distributed._functional_collectives as funcol
 from ..data.partition import to_index_lists
 from .base import Network
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "blocks", "join", "shard"]
+__all__ = ["CENSUS_SECONDS", "DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "blocks", "join", "shard"]
 
 #: seconds a rank waits for the others in a collective before failing: longer than a first compilation
 #: (tens of seconds) or a slow rank's set-up, so that the others wait for it rather than fail
 DEFAULT_TIMEOUT_SECONDS = 600.0
+
+#: seconds a rank that lost a peer waits for the other survivors to say so too, to tell the lost ranks apart
+CENSUS_SECONDS = 2.0
+#: the group store's keys of pyro_fed's fault reports
+_KEYS = "pyro_fed/faults"
 
 # ``all_gather_single`` is the newer name of ``all_gather_tensor`` (deprecated since torch 2.6)
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
@@ -91,6 +98,7 @@ class TorchDistributedNetwork(Network):
         self.world_size = dist.get_world_size(self.group)
         self.ordered = bool(ordered)
         self.remote = self.world_size > 1
+        self._exchanges: dict[int, _Exchange] = {}  # mix's, by graph
         # host collectives run on the device the backend communicates from: the CPU for gloo, the current
         # GPU for NCCL
         backend = str(dist.get_backend(self.group)).lower()
@@ -155,15 +163,14 @@ class TorchDistributedNetwork(Network):
         return mean, (squares.sum(0) + between) / self.num_clients
 
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
-        # every agent in the global order, then the held rows of Graph.mix computed from the whole
-        # [..., n, d] tensor exactly as the one-process network computes it (the product of the whole
-        # Laplacian, not of its held rows, whose blocked sums may round differently): the same bits, for
-        # the one-process cost of n^2 d per chain, and an all-gather of n d floats (a neighbour exchange
-        # would send fewer for sparse graphs)
-        everyone = self._gather_clients(agents)
-        held = self.held(self.num_clients)
-        laplacian = graph.laplacian.to(everyone)
-        return agents - consensus_size * (laplacian @ everyone)[..., held, :]
+        # a neighbour exchange in one all-to-all: each rank sends every other rank the agents that the
+        # rows of the Laplacian of its agents read (for a ring, the two at its block's ends), then
+        # multiplies its rows by its own agents and those received
+        exchange = self._exchange(graph)
+        rows = agents.movedim(-2, 0)  # the all-to-all splits its first axis
+        received = self._all_to_all(rows[exchange.send], exchange.receive_sizes, exchange.send_sizes)
+        neighbours = torch.cat([rows, received]).movedim(0, -2)
+        return agents - consensus_size * (exchange.laplacian.to(agents) @ neighbours)
 
     # ------------------------------------------------------------- set-up
     def held(self, num_clients: int) -> slice:
@@ -213,16 +220,59 @@ class TorchDistributedNetwork(Network):
 
     def explain(self, error: Exception) -> Exception:
         """A collective that failed because another process of the group is gone (gloo's "connection
-        closed/reset by peer") as an error that says so, naming this rank; others as they are."""
+        closed/reset by peer") as an error that names it and says why, as far as the group's store tells:
+
+        - a rank that failed with an error of its own (and left the group, :meth:`leave`): its error;
+        - else the ranks that did not report within :data:`CENSUS_SECONDS` that they lost a peer too: they
+          stopped (killed, out of memory), or hang.
+
+        Other errors are returned as they are."""
         text = str(error)
-        if not any(sign in text for sign in ("closed by peer", "reset by peer", "Connection closed")):
+        if not _lost_peer(text):
             return error
+        others = [r for r in range(self.world_size) if r != self.rank]
+        failed, silent = {}, others
+        try:
+            store = self._store()
+            store.set(f"{_KEYS}/lost/{self.rank}", "1")
+            deadline = time.monotonic() + CENSUS_SECONDS
+            while True:
+                failed = {
+                    r: store.get(f"{_KEYS}/failed/{r}").decode() for r in others if _has(store, "failed", r)
+                }
+                silent = [r for r in others if r not in failed and not _has(store, "lost", r)]
+                if failed or not silent or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except Exception:  # the store went with the lost process (it held it): nothing more is known
+            failed, silent = {}, []
+        if failed:
+            what = "; ".join(f"rank {r} failed: {message}" for r, message in failed.items())
+        elif silent:
+            ranks = ", ".join(map(str, silent))
+            what = f"rank{'s' if len(silent) > 1 else ''} {ranks} stopped (killed or out of memory) or hang"
+        else:
+            what = "a process stopped (killed, out of memory, or an error of its own, which its log names)"
         return RuntimeError(
-            f"pyro_fed: rank {self.rank} of {self.world_size} lost another process of its group: a process "
-            "stopped (killed, out of memory, or an error of its own, which its log or torchrun's report "
-            "names). Started again with the same checkpoint= files, the run resumes where they all were. "
+            f"pyro_fed: rank {self.rank} of {self.world_size} lost another process of its group: {what}. "
+            "Started again with the same checkpoint= files, the run resumes where they all were. "
             f"(gloo: {text.strip().splitlines()[0]})"
         )
+
+    def leave(self, error: BaseException) -> None:
+        """This rank stops with ``error``, raised here and not in a collective: it leaves the group (which it
+        can no longer use), so that the other ranks, waiting for it in a collective or at their next, fail
+        at once rather than at the group's timeout, and their error names this one's
+        (:meth:`explain`)."""
+        if _lost_peer(str(error)):
+            return  # not this rank's own error: another's, which explain() names
+        try:
+            message = (
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            )
+            self._store().set(f"{_KEYS}/failed/{self.rank}", message[:500])
+        finally:
+            dist.distributed_c10d._abort_process_group(self.group)
 
     def shard(self, clients, num_data: int) -> tuple[torch.LongTensor, list[torch.LongTensor]]:
         """:func:`shard` with this network."""
@@ -242,21 +292,6 @@ class TorchDistributedNetwork(Network):
             return self._all_gather(partial.unsqueeze(0)).sum(0)
         return self._all_reduce(partial, "sum")
 
-    def _gather_clients(self, values: torch.Tensor) -> torch.Tensor:
-        """A traceable all-gather of the held clients ``[..., b_r, d]`` into all of them, ``[..., b, d]``, in
-        the global order. The blocks' sizes follow from the attached count: each block is padded to the
-        largest, and the padding dropped after the gather."""
-        sizes = [s.stop - s.start for s in blocks(self.num_clients, self.world_size)]
-        largest = max(sizes)
-        rows = values.movedim(-2, 0)  # the gather concatenates along the first axis
-        if rows.shape[0] < largest:
-            rows = torch.cat([rows, rows.new_zeros(largest - rows.shape[0], *rows.shape[1:])])
-        gathered = self._all_gather(rows)  # [W * largest, ..., d]
-        if any(size != largest for size in sizes):
-            gathered = torch.cat([gathered.narrow(0, r * largest, size) for r, size in enumerate(sizes)])
-        # contiguous, as a one-process [..., b, d] tensor is, so that what follows computes the same bits
-        return gathered.movedim(0, -2).contiguous()
-
     def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The ranks' ``tensor`` concatenated along the first axis (traceable); counts what it sends."""
         # this rank's tensor reaches each of the others (directly, or passed along a ring)
@@ -270,6 +305,51 @@ class TorchDistributedNetwork(Network):
             2 * (self.world_size - 1) * tensor.numel() * tensor.element_size() // self.world_size
         )
         return _waited(funcol.all_reduce(tensor.contiguous(), operation, self.group))
+
+    def _exchange(self, graph) -> _Exchange:
+        """Who sends which agents to whom in :meth:`mix` over ``graph`` (computed once per graph, the same on
+        every rank from the graph and the blocks)."""
+        cache = self._exchanges
+        if id(graph) not in cache:
+            held = blocks(self.num_clients, self.world_size)
+            pattern = graph.laplacian != 0
+            # the agents each rank's rows read, in the global order
+            reads = [torch.nonzero(pattern[b].any(0)).flatten() for b in held]
+            mine = held[self.rank]
+
+            def wanted(reader: int, holder: int) -> torch.Tensor:
+                block = held[holder]
+                return reads[reader][(reads[reader] >= block.start) & (reads[reader] < block.stop)]
+
+            others = [r for r in range(self.world_size) if r != self.rank]
+            send = [wanted(r, self.rank) - mine.start for r in others]
+            receive = [wanted(self.rank, r) for r in others]
+            columns = torch.cat([torch.arange(mine.start, mine.stop), *receive])
+            sizes = {
+                r: (len(sending), len(receiving))
+                for r, sending, receiving in zip(others, send, receive, strict=True)
+            }
+            cache[id(graph)] = _Exchange(
+                laplacian=graph.laplacian[mine][:, columns],
+                send=torch.cat(send) if send else torch.zeros(0, dtype=torch.long),
+                send_sizes=[sizes.get(r, (0, 0))[0] for r in range(self.world_size)],
+                receive_sizes=[sizes.get(r, (0, 0))[1] for r in range(self.world_size)],
+                graph=graph,
+            )
+        return cache[id(graph)]
+
+    def _all_to_all(
+        self, tensor: torch.Tensor, receive_sizes: list[int], send_sizes: list[int]
+    ) -> torch.Tensor:
+        """Rows of ``tensor`` (its first axis) sent to each rank, ``send_sizes[r]`` to rank ``r`` in rank
+        order, and those received from each, ``receive_sizes[r]`` (traceable); counts what it sends."""
+        self.sent_bytes += (
+            sum(send_sizes) * (tensor.numel() // max(tensor.shape[0], 1)) * tensor.element_size()
+        )
+        return _waited(funcol.all_to_all_single(tensor.contiguous(), receive_sizes, send_sizes, self.group))
+
+    def _store(self):
+        return dist.distributed_c10d._get_process_group_store(self.group)
 
     def _host_all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -339,6 +419,25 @@ def join(
         else:
             dist.init_process_group(backend=backend, timeout=timeout)
     return TorchDistributedNetwork(ordered=ordered)
+
+
+class _Exchange(NamedTuple):
+    """A rank's part of a neighbour exchange (:meth:`TorchDistributedNetwork.mix`)."""
+
+    laplacian: torch.Tensor  #: the rows of its agents, on the columns of its agents then those received
+    send: torch.Tensor  #: its agents (held indices) to send, to each other rank in rank order
+    send_sizes: list[int]  #: how many to each rank
+    receive_sizes: list[int]  #: how many from each rank
+    graph: object  #: the graph (kept, so that its id is not reused while the exchange is cached)
+
+
+def _lost_peer(text: str) -> bool:
+    """Whether a collective's error says that another process of the group is gone."""
+    return any(sign in text for sign in ("closed by peer", "reset by peer", "Connection closed"))
+
+
+def _has(store, kind: str, rank: int) -> bool:
+    return store.check([f"{_KEYS}/{kind}/{rank}"])
 
 
 def _waited(tensor: torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,35 @@ def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
     # gloo tells the survivor that its peer is gone at its next collective (the group's timeout, minutes,
     # is only for a rank that hangs alive)
     assert seconds is not None and seconds < 10, message
-    assert "rank 0 of 2 lost another process of its group" in message, message
+    assert "rank 0 of 2 lost another process of its group: rank 1 stopped" in message, message
+
+
+def test_an_error_of_one_rank_alone_stops_the_other_within_seconds_and_names_it():
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        kernel = FaldKernel(logistic_model, clients, step_size=0.01, chunk_size=8, network=network)
+        original, calls = ChunkRunner.run_chunk, []
+
+        def run_chunk(self):
+            calls.append(time.monotonic())
+            if rank == 1 and len(calls) == 3:
+                raise ValueError("a model that fails on this rank's data only")
+            return original(self)
+
+        ChunkRunner.run_chunk = run_chunk
+        try:
+            MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True).run(x[rows], y[rows])
+        except (RuntimeError, ValueError) as error:
+            # the process lives on (the error caught), as in a notebook
+            return type(error).__name__, time.monotonic() - calls[-1], str(error)
+        return "finished", None, None
+
+    (kind, seconds, message), own = run_forked(run, 2, timeout_seconds=120)
+    assert own[0] == "ValueError"
+    assert kind == "RuntimeError" and seconds < 10, (kind, seconds, message)
+    expected = "rank 1 failed: ValueError: a model that fails on this rank's data only"
+    assert f"rank 0 of 2 lost another process of its group: {expected}" in message, message
 
 
 def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(tmp_path):
