@@ -244,11 +244,10 @@ def preconditioned_curvatures(hessian: torch.Tensor, inverse_mass: torch.Tensor)
     return magnitude.clamp_min(CURVATURE_FLOOR * float(magnitude.max()))
 
 
-def condition_number(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> float:
-    r""":math:`\kappa = \max |\lambda| / \min |\lambda|` over the eigenvalues of the preconditioned Hessian
-    :math:`R^\top H R` (:func:`preconditioned_curvatures`)."""
-    magnitude = preconditioned_curvatures(hessian, inverse_mass)
-    return float(magnitude.max() / magnitude.min())
+def condition_number(curvatures: torch.Tensor) -> float:
+    r""":math:`\kappa = \max |\lambda| / \min |\lambda|` over the magnitudes of the eigenvalues of a
+    preconditioned Hessian :math:`R^\top H R` (:func:`preconditioned_curvatures`)."""
+    return float(curvatures.max() / curvatures.min())
 
 
 def square_root(inverse_mass: torch.Tensor) -> torch.Tensor:

@@ -231,6 +231,7 @@ class FederatedKernel(MCMCKernel):
         self._start: checkpoints.Start | None = None  # where the run's chains started
         self._fingerprint: dict | None = None  # of the run's configuration, with a checkpoint
         self._checkpointed = 0  # draws per chain computed at the last checkpoint
+        self._checkpoint_interval = 1  # draws per chain between checkpoints, fixed at set-up
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -319,11 +320,9 @@ class FederatedKernel(MCMCKernel):
             self._start, self.adaptation = checkpoints.start(saved, pot.device)
             positions, inverse_mass = self._start.positions, self._start.inverse_mass
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        largest = int(pot.all_client_sizes.max())
         batch = self.current_batch_size
-        if isinstance(batch, float):
-            batch = int(batch * largest)
-        self.full_local_batches = batch is None or batch >= largest
+        sizes = pot.all_client_sizes
+        self.full_local_batches = batch is None or bool((client_batch_sizes(batch, sizes) == sizes).all())
         thinning = self.current_thinning
         self._iterations_needed = (
             None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * thinning
@@ -388,6 +387,12 @@ class FederatedKernel(MCMCKernel):
         if saved is not None:
             checkpoints.restore_run(saved, self.runner, pot.device)
         self._checkpointed = self.runner.computed // thinning
+        if self.checkpoint_every is not None:
+            self._checkpoint_interval = self.checkpoint_every
+        elif self._iterations_needed is None:
+            self._checkpoint_interval = 1
+        else:  # about ten checkpoints over the run
+            self._checkpoint_interval = max(1, math.ceil(self._iterations_needed // thinning / 10))
 
     def _kept_engine(self, algorithm: Algorithm, args: tuple, kwargs: dict):
         """The last run's prepared iteration when this run's is the same: the traced iteration holds the
@@ -610,14 +615,8 @@ class FederatedKernel(MCMCKernel):
         """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since
         the last one, or the run's last iteration was."""
         computed = self.runner.computed // self.current_thinning
-        every = self.checkpoint_every
-        if every is None:
-            total = (
-                None if self._iterations_needed is None else self._iterations_needed // self.current_thinning
-            )
-            every = 1 if total is None else max(1, math.ceil(total / 10))
         finished = self.runner.remaining_iterations() == 0
-        if not finished and computed - self._checkpointed < every:
+        if not finished and computed - self._checkpointed < self._checkpoint_interval:
             return
         contents = checkpoints.capture(
             fingerprint=self._fingerprint, runner=self.runner, start=self._start, adaptation=self.adaptation

@@ -14,12 +14,13 @@ The file holds tensors only (``torch.load(path, weights_only=True)`` reads it): 
 whose other entries are CPU tensors:
 
 - ``state.<i>``: the algorithm's state, ``positions`` (the chains' initial points ``[C, d]``) and
-  ``inverse_mass``; ``computed`` (iterations done) and ``seeds`` (the run's two seeds);
+  ``inverse_mass`` (the iterations done and the run's two seeds are in ``meta``);
 - ``adaptation.<field>``: the adaptation's tensors (its numbers are in ``meta``);
 - ``rng.tensors``, ``rng.host``, ``rng.block_numbers`` and ``rng.blocks``: the run's generators (its
   clients' blocks included)
   (:meth:`~pyro_fed.engine.randomness.Randomness.state`);
-- ``network.<counter>``: ``uploaded_bits``, ``downloaded_bits`` and ``rounds`` per chain;
+- ``network.<counter>``: ``uploaded_bits``, ``downloaded_bits`` and ``rounds`` per chain (the bytes this
+  process sent, a number, are in ``meta``);
 - ``buffer.<name>``: the draws and their statistics (:meth:`~pyro_fed.engine.draws.DrawBuffer.state`).
 
 The functions here are pure but for :func:`save` (which writes the file) and :func:`restore_run` (which
@@ -45,7 +46,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..algorithms.adaptation import Adaptation
 
 #: the layout of the file: a checkpoint of another layout is refused
-FORMAT = 2
+FORMAT = 3
 #: tensors up to this many bytes are hashed whole in the fingerprint; larger ones by their float64 sum and
 #: ``SAMPLED_VALUES`` values spread over them (a cheap check, not a proof, that the data are the same)
 HASHED_BYTES = 2**26
@@ -227,11 +228,10 @@ def capture(
         "state": len(state),
         "adaptation": chosen,
         "draws_dtype": None if buffer.dtype is None else str(buffer.dtype).removeprefix("torch."),
+        "sent_bytes": int(network.sent_bytes),
     }
     head = {
         "meta": encode(meta),
-        "computed": torch.tensor(int(computed)),
-        "seeds": torch.tensor([int(s) for s in start.seeds]),
         "positions": start.positions.detach().cpu().clone(),
         "inverse_mass": start.inverse_mass.detach().cpu().clone(),
     }
@@ -362,6 +362,8 @@ def restore_run(saved: dict, runner, device) -> None:
     )
     for name in COUNTERS:
         setattr(runner.network, name, saved[f"network.{name}"].numpy().copy())
+    # the bytes sent before the checkpoint, beside those this run's set-up sent to resume
+    runner.network.sent_bytes += meta["sent_bytes"]
     prefix = "buffer."
     contents = {key[len(prefix) :]: value for key, value in saved.items() if key.startswith(prefix)}
     dtype = getattr(torch, meta["draws_dtype"]) if meta["draws_dtype"] else None

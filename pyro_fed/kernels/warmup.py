@@ -265,10 +265,13 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
     laplace = diagonal if hessian is None else adaptation.dense_preconditioner(hessian)
     inverse_mass, condition = diagonal if given is None else given, float("nan")
     if hessian is not None:
-        condition = adaptation.condition_number(hessian, diagonal)
+        curvatures = adaptation.preconditioned_curvatures(hessian, diagonal)
+        condition = adaptation.condition_number(curvatures)
         if given is None and (form == "dense" or condition > adaptation.DENSE_CONDITION):
             inverse_mass = laplace
-        slowest = float(adaptation.preconditioned_curvatures(hessian, inverse_mass).min())
+        if inverse_mass is not diagonal:
+            curvatures = adaptation.preconditioned_curvatures(hessian, inverse_mass)
+        slowest = float(curvatures.min())
     else:
         marginal = inverse_mass if inverse_mass.dim() == 1 else inverse_mass.diagonal()
         slowest = float((marginal * curvature.abs()).min())

@@ -137,6 +137,11 @@ def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
         torch.testing.assert_close(stiffness, expected.expand(2, -1), rtol=1e-3, atol=0)
 
 
+def condition(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> float:
+    """The condition number the preconditioner ``inverse_mass`` leaves the Hessian."""
+    return adaptation.condition_number(adaptation.preconditioned_curvatures(hessian, inverse_mass))
+
+
 def test_dense_preconditioner_whitens_the_hessian_and_its_condition_number_is_measured():
     g = torch.Generator().manual_seed(0)
     factor = torch.randn(4, 4, generator=g, dtype=torch.float64)
@@ -146,14 +151,12 @@ def test_dense_preconditioner_whitens_the_hessian_and_its_condition_number_is_me
     root = adaptation.square_root(dense)
     torch.testing.assert_close(root @ root.T, dense)
     torch.testing.assert_close(root @ hessian @ root, torch.eye(4, dtype=torch.float64))
-    assert adaptation.condition_number(hessian, dense) == pytest.approx(1.0)
+    assert condition(hessian, dense) == pytest.approx(1.0)
     # the diagonal preconditioner leaves the correlations: its condition number is that of the correlation
     diagonal = adaptation.preconditioner(hessian.diagonal())
     scaled = hessian / (hessian.diagonal()[:, None] * hessian.diagonal()).sqrt()
     eigenvalues = torch.linalg.eigvalsh(scaled)
-    assert adaptation.condition_number(hessian, diagonal) == pytest.approx(
-        float(eigenvalues[-1] / eigenvalues[0])
-    )
+    assert condition(hessian, diagonal) == pytest.approx(float(eigenvalues[-1] / eigenvalues[0]))
     # a saddle's negative curvature is taken by its magnitude: M stays positive definite
     saddle = torch.diag(torch.tensor([2.0, -0.5], dtype=torch.float64))
     torch.testing.assert_close(
@@ -342,8 +345,8 @@ def test_preconditioner_forms_can_be_chosen_and_a_dense_matrix_given():
     # the diagonal form leaves the correlation: its slowest direction relaxes ~400 times slower than the
     # stiffest allows; for it, the clients upload their diagonals only (no condition number measured)
     hessian = exact.precisions.sum(0)
-    assert adaptation.condition_number(hessian, chosen["diagonal"].preconditioner) > 100
-    assert adaptation.condition_number(hessian, chosen["dense"].preconditioner) == pytest.approx(1.0)
+    assert condition(hessian, chosen["diagonal"].preconditioner) > 100
+    assert condition(hessian, chosen["dense"].preconditioner) == pytest.approx(1.0)
     assert math.isnan(chosen["diagonal"].condition)
     assert chosen["dense"].rounds - chosen["diagonal"].rounds == 3 - 1  # d rounds for the Hessian, not one
     # a user's matrix with a given step: used as it is, nothing adapted

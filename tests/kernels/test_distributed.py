@@ -229,7 +229,7 @@ def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(
                 mcmc.run(x[rows], y[rows])
             except RuntimeError:
                 return "stopped", len(calls)
-            return mcmc.get_samples(group_by_chain=True)["w"], len(calls)
+            return mcmc.get_samples(group_by_chain=True)["w"], len(calls), network.sent_bytes
 
         return run_forked(on_rank, 2, timeout_seconds=120, survivors=True)
 
@@ -239,15 +239,18 @@ def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(
     assert (tmp_path / "run-0.pt").exists() and (tmp_path / "run-1.pt").exists()
     kept = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     resumed = run()
-    for (draws, chunks), (expected, all_chunks) in zip(resumed, uninterrupted, strict=True):
+    for (draws, chunks, sent), (expected, all_chunks, all_sent) in zip(resumed, uninterrupted, strict=True):
         assert torch.equal(draws, expected)
         assert chunks == all_chunks - 2  # the two chunks before the kill were not run again
+        # the bytes sent before the checkpoint are kept: the resumed run counts every iteration's rounds, and
+        # its set-up sent more than the uninterrupted one's (it agreed on the checkpoints)
+        assert sent > all_sent
     # a rank stopped between the ranks' writes, its last checkpoint a chunk behind the other's: they resume
     # from the last checkpoint both have
     for name, content in kept.items():
         (tmp_path / name).write_bytes(content)
     (tmp_path / "run-1.pt.previous").replace(tmp_path / "run-1.pt")
-    for (draws, chunks), (expected, all_chunks) in zip(run(), uninterrupted, strict=True):
+    for (draws, chunks, _), (expected, all_chunks, _) in zip(run(), uninterrupted, strict=True):
         assert torch.equal(draws, expected)
         assert chunks == all_chunks - 1
 
