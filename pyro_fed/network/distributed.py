@@ -220,15 +220,17 @@ class TorchDistributedNetwork(Network):
 
     def explain(self, error: Exception) -> Exception:
         """A collective that failed because another process of the group is gone (gloo's "connection
-        closed/reset by peer") as an error that names it and says why, as far as the group's store tells:
+        closed/reset by peer") or did not come (the group's timeout) as an error that names it and says why,
+        as far as the group's store tells:
 
         - a rank that failed with an error of its own (and left the group, :meth:`leave`): its error;
-        - else the ranks that did not report within :data:`CENSUS_SECONDS` that they lost a peer too: they
-          stopped (killed, out of memory), or hang.
+        - else the ranks that did not report within :data:`CENSUS_SECONDS` that they lost a peer or timed
+          out too: they stopped (killed, out of memory), or hang.
 
         Other errors are returned as they are."""
         text = str(error)
-        if not _lost_peer(text):
+        timed_out = _timed_out(text)
+        if not (timed_out or _lost_peer(text)):
             return error
         others = [r for r in range(self.world_size) if r != self.rank]
         failed, silent = {}, others
@@ -246,11 +248,16 @@ class TorchDistributedNetwork(Network):
                 time.sleep(0.05)
         except Exception:  # the store went with the lost process (it held it): nothing more is known
             failed, silent = {}, []
+        ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
         if failed:
             what = "; ".join(f"rank {r} failed: {message}" for r, message in failed.items())
+        elif silent and timed_out:
+            what = (
+                f"{ranks} did not come to a collective within the group's timeout: hung, or much slower "
+                "than this one (join(timeout_seconds=...) sets the timeout)"
+            )
         elif silent:
-            ranks = ", ".join(map(str, silent))
-            what = f"rank{'s' if len(silent) > 1 else ''} {ranks} stopped (killed or out of memory) or hang"
+            what = f"{ranks} stopped (killed or out of memory) or hang"
         else:
             what = "a process stopped (killed, out of memory, or an error of its own, which its log names)"
         return RuntimeError(
@@ -434,6 +441,12 @@ class _Exchange(NamedTuple):
 def _lost_peer(text: str) -> bool:
     """Whether a collective's error says that another process of the group is gone."""
     return any(sign in text for sign in ("closed by peer", "reset by peer", "Connection closed"))
+
+
+def _timed_out(text: str) -> bool:
+    """Whether a collective's error says that it waited for another process longer than the group's
+    timeout."""
+    return "Timed out waiting" in text
 
 
 def _has(store, kind: str, rank: int) -> bool:

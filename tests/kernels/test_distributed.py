@@ -11,7 +11,7 @@ from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel, to_inference_data
 from pyro_fed.kernels.chunks import ChunkRunner
-from pyro_fed.network.distributed import shard
+from pyro_fed.network.distributed import CENSUS_SECONDS, shard
 from tests.models import logistic_model, regression_data
 from tests.network.forked import run_forked
 
@@ -167,6 +167,40 @@ def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
     # is only for a rank that hangs alive)
     assert seconds is not None and seconds < 10, message
     assert "rank 0 of 2 lost another process of its group: rank 1 stopped" in message, message
+
+
+def test_a_rank_that_hangs_is_named_at_the_groups_timeout():
+    group_timeout = 6.0  # longer than either rank's set-up (tracing), so that only the hang times out
+
+    def run(rank, world_size, network):
+        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        options = {"step_size": 0.01, "batch_size": 4, "chunk_size": 8, "network": network}
+        kernel = FaldKernel(logistic_model, clients, **options)
+        mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True)
+        original, calls = ChunkRunner.run_chunk, []
+
+        def run_chunk(self):
+            calls.append(time.monotonic())
+            if rank == 1 and len(calls) == 3:
+                time.sleep(2 * group_timeout + CENSUS_SECONDS)  # alive, but away from the collectives
+                os._exit(0)
+            return original(self)
+
+        ChunkRunner.run_chunk = run_chunk
+        try:
+            mcmc.run(x[rows], y[rows])
+        except RuntimeError as error:
+            return time.monotonic() - calls[-1], str(error)
+        return None, "finished"
+
+    (seconds, message), hung = run_forked(
+        run, 2, timeout_seconds=120, survivors=True, group_timeout_seconds=group_timeout
+    )
+    assert hung == ("died", 0)
+    # the group's timeout, then the census (the time of a chunk's collectives aside)
+    assert seconds is not None and group_timeout <= seconds < group_timeout + CENSUS_SECONDS + 3, message
+    assert "rank 0 of 2 lost another process of its group: rank 1 did not come to a collective" in message
 
 
 def test_an_error_of_one_rank_alone_stops_the_other_within_seconds_and_names_it():

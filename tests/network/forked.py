@@ -31,13 +31,15 @@ def run_forked(
     *,
     timeout_seconds: float = TIMEOUT_SECONDS,
     survivors: bool = False,
+    group_timeout_seconds: float | None = None,
     **options,
 ) -> list:
     """``[function(rank, world_size, network) for rank in range(world_size)]``, each call in its own forked
     process, a rank of a gloo group on 127.0.0.1 with ``network`` its
     :class:`~pyro_fed.network.distributed.TorchDistributedNetwork`, from
     :func:`~pyro_fed.network.distributed.join` given the environment ``torchrun`` sets (``options`` go to
-    it).
+    it). Each rank waits for the others in a collective for ``group_timeout_seconds`` (by default
+    ``timeout_seconds``).
 
     The results must be picklable; their tensors come back on the CPU. If a rank raises, or the ranks have
     not all answered after ``timeout_seconds``, the other ranks are killed and a :class:`RuntimeError`
@@ -51,7 +53,15 @@ def run_forked(
     processes = [
         context.Process(
             target=_child,
-            args=(function, rank, world_size, port, timeout_seconds, options, pipes[rank][1]),
+            args=(
+                function,
+                rank,
+                world_size,
+                port,
+                group_timeout_seconds or timeout_seconds,
+                options,
+                pipes[rank][1],
+            ),
             daemon=True,
         )
         for rank in range(world_size)
