@@ -21,15 +21,17 @@ def scaled_regression(x, y=None):
         pyro.sample("y", dist.Normal(x[idx] @ w, sigma), obs=y[idx])
 
 
-def gaussian_regression(noise_sd):
-    """Conjugate linear-Gaussian regression with prior N(0, I): the posterior is Gaussian."""
+def gaussian_regression(noise_sd, validate_args=None):
+    """Conjugate linear-Gaussian regression with prior N(0, I): the posterior is Gaussian. With
+    ``validate_args=True`` its likelihood refuses a non-finite location (raises), as validating distributions
+    do."""
 
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
         with pyro.plate("data", x.shape[0]):
             pyro.sample(
                 "y",
-                dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd),
+                dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd, validate_args=validate_args),
                 obs=pyro.subsample(y, event_dim=0),
             )
 

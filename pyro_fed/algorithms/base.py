@@ -109,6 +109,12 @@ class Algorithm:
         """The global iterate of each chain, reported as its draw, ``[C, d]``."""
         raise NotImplementedError
 
+    def points(self, state) -> torch.Tensor:
+        """``[C, m, d]``: the points held here at which the next step evaluates gradients (the held clients'
+        iterates, or the server's), read without meeting: a run reverts a step that moved one of them out of
+        its bounds before the model is evaluated there. None by default (``m = 0``)."""
+        return torch.zeros(self.num_chains, 0, self.dim, dtype=self.dtype, device=self.device)
+
     def statistics(self, state) -> dict[str, torch.Tensor]:
         """Per-draw values of the state (``{name: [C, ...]}``; none by default)."""
         return {}

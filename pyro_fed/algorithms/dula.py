@@ -243,6 +243,9 @@ class Dula(Algorithm):
         )
         return step(state, gradients, noise, self.graph, alpha, beta, self.network)
 
+    def points(self, state):
+        return state.clients
+
     def position(self, state):
         return position(state, self.network)
 

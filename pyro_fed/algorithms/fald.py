@@ -135,6 +135,9 @@ class Fald(Algorithm):
         """The clients' gradient estimates of an iteration, ``[C, b, d]``: their minibatch gradients."""
         return gradients(state.clients)
 
+    def points(self, state):
+        return state.clients
+
     def position(self, state):
         return position(state, self.network)
 

@@ -280,6 +280,9 @@ class Qlsd(Algorithm):
             exact_gradients=self.exact_gradients,
         )
 
+    def points(self, state):
+        return state.server.unsqueeze(-2)
+
     def position(self, state):
         return position(state, self.network)
 

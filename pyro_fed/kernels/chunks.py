@@ -99,9 +99,11 @@ class ChunkRunner:
         ``variant`` is ``(checked, meets)``. ``meets``: whether the step meets other clients (else
         :meth:`~pyro_fed.algorithms.base.Algorithm.local_step`). ``checked``: the divergence check is made
         here, a diverging step reverted without waiting for the device (a select, not a branch), and
-        ``valid`` is whether the step was kept; unchecked, ``valid`` is only whether the held tensors are
-        finite, and :meth:`run_chunk` checks the chunk's iterations together at its end, with one meeting
-        instead of one per iteration."""
+        ``valid`` is whether the step was kept. Unchecked, a step is judged without meeting, by what is held
+        here: one that made a held tensor non-finite, or moved a held point
+        (:meth:`~pyro_fed.algorithms.base.Algorithm.points`) out of its bounds, is reverted too, so that the
+        model is never evaluated there, and ``valid`` says so; :meth:`run_chunk` checks the chunk's
+        iterations together at its end, with one meeting instead of one per iteration."""
         checked, meets = variant
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
         step_size, start, bound = constants
@@ -113,10 +115,12 @@ class ChunkRunner:
             summary = {k: v.unsqueeze(0) for k, v in algorithm.summary(algorithm.state_type(*new)).items()}
             position = algorithm.report(summary)["position"][0]
             valid = self.network.everywhere(valid) & _bounded(position, start, bound)
-            new = tuple(
-                torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o)
-                for n, o in zip(new, state, strict=True)
-            )
+        else:
+            points = algorithm.points(algorithm.state_type(*new)).movedim(-2, 0)  # [m, C, d]
+            valid = valid & _bounded(points, start, bound).all(0)
+        new = tuple(
+            torch.where(valid.view(-1, *[1] * (n.dim() - 1)), n, o) for n, o in zip(new, state, strict=True)
+        )
         return new, (valid, *algorithm.summary(algorithm.state_type(*new)).values())
 
     def engine(self) -> ChunkEngine:

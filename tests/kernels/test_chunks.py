@@ -12,19 +12,17 @@ from pyro_fed.network.in_process import InProcessNetwork
 from ..models import gaussian_regression, logistic_model, regression_data
 
 CLIENTS = torch.arange(40) % 4
+MODEL = gaussian_regression(0.5)
 #: steps too large for the data: some of the chains' steps explode, others not
 DIVERGING = {
-    "FALD": lambda: FaldKernel(gaussian_regression(0.5), CLIENTS, step_size=0.2, comm_prob=0.5, batch_size=5),
-    "VR-FALD*": lambda: VrFaldKernel(
-        gaussian_regression(0.5), CLIENTS, step_size=0.2, refresh_prob=0.3, batch_size=5
+    "FALD": lambda model=MODEL, **kw: FaldKernel(
+        model, CLIENTS, step_size=0.2, comm_prob=0.5, batch_size=5, **kw
     ),
-    "QLSD++": lambda: QlsdKernel(
-        gaussian_regression(0.5),
-        CLIENTS,
-        step_size=0.06,
-        control_variate="svrg",
-        snapshot_every=3,
-        batch_size=5,
+    "VR-FALD*": lambda model=MODEL, **kw: VrFaldKernel(
+        model, CLIENTS, step_size=0.2, refresh_prob=0.3, batch_size=5, **kw
+    ),
+    "QLSD++": lambda model=MODEL, **kw: QlsdKernel(
+        model, CLIENTS, step_size=0.06, control_variate="svrg", snapshot_every=3, batch_size=5, **kw
     ),
 }
 
@@ -55,6 +53,17 @@ def test_a_chunk_checked_at_its_end_gives_the_draws_of_steps_checked_one_by_one(
         for j in stats["diverging"].nonzero()[0]:
             if j > 0:
                 assert torch.equal(draws[chain, j], draws[chain, j - 1])
+
+
+@pytest.mark.parametrize("name", DIVERGING)
+def test_the_model_is_never_evaluated_where_a_step_diverged(name):
+    # a likelihood that raises at a NaN location, run eagerly (its checks in Python), in float32, where a
+    # diverging chain reaches inf, then NaN, within a chunk: the unchecked steps of a chunk, and its events,
+    # must not reach the model from a point that diverged
+    torch.set_default_dtype(torch.float32)
+    kernel = DIVERGING[name](gaussian_regression(0.5, validate_args=True), gradient_mode="eager")
+    _, kernel = run(kernel)
+    assert kernel.runner.buffer.sample_stats(0, 0, 120)["diverging"].sum() > 0
 
 
 class RemoteNetwork(InProcessNetwork):
