@@ -296,6 +296,7 @@ class FederatedKernel(MCMCKernel):
         self._warmup_steps = warmup_steps
         self._convergence = None
         network = self._network or self._in_process
+        network.new_run()
         self.potential = pot = self.build_potential(*args, network=network, **kwargs)
         check_batch_size_fits(self.batch_size, pot.all_client_sizes)
         num_chains = self.plan.num_chains

@@ -151,6 +151,10 @@ class Network:
         same for every holder."""
         raise NotImplementedError
 
+    def new_run(self) -> None:
+        """A run begins (its set-up): where clients are held in several processes, its fault reports are
+        kept apart from earlier runs'. Nothing to do by default."""
+
     def leave(self, error: BaseException) -> None:
         """This holder stops with ``error`` (its own, not one of meeting the others): where clients are held
         in several processes, the others are told, so that none waits for it. Nothing to do by default."""

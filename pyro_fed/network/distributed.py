@@ -75,9 +75,9 @@ class TorchDistributedNetwork(Network):
     contiguous block :meth:`held`; every reduction over the clients is a collective of the group, and every
     rank gets the same result (to the bit, with ``ordered``).
 
-    Every rank must make the same calls in the same order (a collective waits for all ranks): the kernels
-    do, since each call depends only on the run's global sizes, coins and the decisions taken through
-    :meth:`agree`.
+    Every rank must make the same calls in the same order (a collective waits for all ranks), starting with
+    the construction itself: the kernels do, since each call depends only on the run's global sizes, coins
+    and the decisions taken through :meth:`agree`.
 
     :param group: the process group (``None``: the default group, initialized for example by :func:`join`).
     :param bool ordered: sum over the ranks by gathering their partial sums and adding them in rank order on
@@ -99,6 +99,12 @@ class TorchDistributedNetwork(Network):
         self.ordered = bool(ordered)
         self.remote = self.world_size > 1
         self._exchanges: dict[int, _Exchange] = {}  # mix's, by graph
+        # the fault reports of this network's runs go under keys of their own in the group's store, apart
+        # from those of another network on the same group: rank 0 numbers the network, and tells the others
+        joined = [self._store().add(f"{_KEYS}/networks", 1) if self.rank == 0 else None]
+        dist.broadcast_object_list(joined, src=dist.get_global_rank(self.group, 0), group=self.group)
+        self._reports = f"{_KEYS}/{joined[0]}"
+        self._runs = 0
         # host collectives run on the device the backend communicates from: the CPU for gloo, the current
         # GPU for NCCL
         backend = str(dist.get_backend(self.group)).lower()
@@ -120,6 +126,11 @@ class TorchDistributedNetwork(Network):
             )
         self._check_blocks(sizes[0])
         return super().attach(*sizes)
+
+    def new_run(self) -> None:
+        # every rank starts the same runs in the same order: the count is the same everywhere, with no
+        # message, and a run's fault reports are not read as another's
+        self._runs += 1
 
     # ------------------------------------------------------------- tensors
     def sum(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
@@ -225,7 +236,7 @@ class TorchDistributedNetwork(Network):
 
         - a rank that failed with an error of its own (and left the group, :meth:`leave`): its error;
         - else the ranks that did not report within :data:`CENSUS_SECONDS` that they lost a peer or timed
-          out too: they stopped (killed, out of memory), or hang.
+          out too: they stopped (killed, out of memory), hang, or are busy elsewhere.
 
         Other errors are returned as they are."""
         text = str(error)
@@ -236,13 +247,12 @@ class TorchDistributedNetwork(Network):
         failed, silent = {}, others
         try:
             store = self._store()
-            store.set(f"{_KEYS}/lost/{self.rank}", "1")
+            store.set(self._key("lost", self.rank), "1")
             deadline = time.monotonic() + CENSUS_SECONDS
             while True:
-                failed = {
-                    r: store.get(f"{_KEYS}/failed/{r}").decode() for r in others if _has(store, "failed", r)
-                }
-                silent = [r for r in others if r not in failed and not _has(store, "lost", r)]
+                failed = {r: store.get(self._key("failed", r)).decode() for r in self._reported("failed")}
+                lost = self._reported("lost")
+                silent = [r for r in others if r not in failed and r not in lost]
                 if failed or not silent or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
@@ -257,29 +267,45 @@ class TorchDistributedNetwork(Network):
                 "than this one (join(timeout_seconds=...) sets the timeout)"
             )
         elif silent:
-            what = f"{ranks} stopped (killed or out of memory) or hang"
+            what = (
+                f"{ranks} did not say within {CENSUS_SECONDS:g} s that {'they' if len(silent) > 1 else 'it'} "
+                "lost a peer too: stopped (killed, out of memory), hung, or busy elsewhere"
+            )
         else:
             what = "a process stopped (killed, out of memory, or an error of its own, which its log names)"
         return RuntimeError(
-            f"pyro_fed: rank {self.rank} of {self.world_size} lost another process of its group: {what}. "
-            "Started again with the same checkpoint= files, the run resumes where they all were. "
-            f"(gloo: {text.strip().splitlines()[0]})"
+            f"pyro_fed: rank {self.rank} of {self.world_size} lost another process of its group: "
+            f"{what.rstrip('.')}. Started again with the same checkpoint= files, the run resumes where they "
+            f"all were. (gloo: {text.strip().splitlines()[0]})"
         )
 
     def leave(self, error: BaseException) -> None:
-        """This rank stops with ``error``, raised here and not in a collective: it leaves the group (which it
-        can no longer use), so that the other ranks, waiting for it in a collective or at their next, fail
-        at once rather than at the group's timeout, and their error names this one's
+        """This rank stops with ``error``, raised here and not in a collective. It says so in the group's
+        store. If every other rank says the same within :data:`CENSUS_SECONDS` (an input that every rank
+        refuses alike), none waits for another, and the group stays as it is, for another run. Otherwise
+        this rank aborts its connections in the group, so that the others, waiting for it in a collective
+        or at their next, fail at once rather than at the group's timeout, and their error names this one's
         (:meth:`explain`)."""
-        if _lost_peer(str(error)):
-            return  # not this rank's own error: another's, which explain() names
+        text = str(error).strip()
+        if self.world_size == 1 or _lost_peer(text) or _timed_out(text):
+            return  # nobody to tell, or not this rank's own error: another's, which explain() names
+        others = [r for r in range(self.world_size) if r != self.rank]
         try:
-            message = (
-                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            store = self._store()
+            store.set(
+                self._key("failed", self.rank),
+                f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:500],
             )
-            self._store().set(f"{_KEYS}/failed/{self.rank}", message[:500])
-        finally:
-            dist.distributed_c10d._abort_process_group(self.group)
+            deadline = time.monotonic() + CENSUS_SECONDS
+            while not set(others) <= self._reported("failed"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            else:
+                return
+        except Exception:  # no store to tell: the others learn of this rank's loss from the connections
+            pass
+        self.group.abort()
 
     def shard(self, clients, num_data: int) -> tuple[torch.LongTensor, list[torch.LongTensor]]:
         """:func:`shard` with this network."""
@@ -357,6 +383,16 @@ class TorchDistributedNetwork(Network):
 
     def _store(self):
         return dist.distributed_c10d._get_process_group_store(self.group)
+
+    def _key(self, kind: str, rank: int) -> str:
+        """The group store's key of a fault report of this network's current run: ``kind`` is ``"failed"``
+        (the rank's own error) or ``"lost"`` (it lost a peer)."""
+        return f"{self._reports}/{self._runs}/{kind}/{rank}"
+
+    def _reported(self, kind: str) -> set[int]:
+        """The other ranks that reported ``kind`` in this run."""
+        store = self._store()
+        return {r for r in range(self.world_size) if r != self.rank and store.check([self._key(kind, r)])}
 
     def _host_all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -447,10 +483,6 @@ def _timed_out(text: str) -> bool:
     """Whether a collective's error says that it waited for another process longer than the group's
     timeout."""
     return "Timed out waiting" in text
-
-
-def _has(store, kind: str, rank: int) -> bool:
-    return store.check([f"{_KEYS}/{kind}/{rank}"])
 
 
 def _waited(tensor: torch.Tensor) -> torch.Tensor:
