@@ -307,6 +307,8 @@ class FederatedKernel(MCMCKernel):
         if self.checkpoint is not None:
             self._fingerprint = checkpoints.fingerprint(self, warmup_steps, args, kwargs)
             saved = checkpoints.load_matching(self.checkpoint, self._fingerprint, network)
+        if saved is not None:  # resumed: the checkpointed run's seeds, for the streams it has not drawn yet
+            seed, adaptation_seed = saved["meta"]["seeds"]
         self.rng = Randomness(seed, pot.device)
         self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
         self._chain, self._served = 0, 0
@@ -608,7 +610,7 @@ class FederatedKernel(MCMCKernel):
         if (draw + 1) * self.current_thinning > self.runner.computed:
             self._meeting(self.runner.run_chunk)
             if self.checkpoint is not None:
-                self._write_checkpoint()
+                self._meeting(self._write_checkpoint)
         self._served += 1
         return self.potential.unconstrained_params(self.runner.buffer.draw(draw, self._chain))
 

@@ -70,12 +70,12 @@ def interrupted_at(call):
         ChunkRunner.run_chunk = original
 
 
-def run(kernel, args=None, num_chains=2, num_samples=NUM_SAMPLES, interrupt=None):
-    """The run of ``kernel`` (seed 0), and the iterations at which it ran its chunks."""
+def run(kernel, args=None, num_chains=2, num_samples=NUM_SAMPLES, interrupt=None, seed=0):
+    """The run of ``kernel`` (global seed ``seed``), and the iterations at which it ran its chunks."""
     mcmc = MCMC(
         kernel, num_samples=num_samples, warmup_steps=WARMUP, num_chains=num_chains, disable_progbar=True
     )
-    pyro.set_rng_seed(0)
+    pyro.set_rng_seed(seed)
     with interrupted_at(interrupt) as calls:
         mcmc.run(*(args or data()))
     return mcmc, calls
@@ -122,6 +122,17 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_draws_bitwise(tmp_path,
     assert calls == [16, 24, 32]  # only the chunks that were not checkpointed are computed
     assert_bitwise_equal(results(mcmc), expected)
     assert checkpoint.load(str(path))["meta"]["computed"] == 40  # the finished run's checkpoint
+
+
+def test_a_resumed_run_draws_from_the_checkpointed_seeds_whatever_the_global_seed(tmp_path):
+    path = tmp_path / "run.pt"
+    expected = results(run(KERNELS["FALD"]())[0])
+    interrupt(KERNELS["FALD"](checkpoint=path, checkpoint_every=5))
+    kernel = KERNELS["FALD"](checkpoint=path, checkpoint_every=5)
+    mcmc, _ = run(kernel, seed=1)  # the restarted script seeds the global RNG otherwise
+    assert_bitwise_equal(results(mcmc), expected)
+    # a stream first drawn from after the resume (a client block's) comes from the run's seed
+    assert kernel.rng.seed == checkpoint.load(str(path))["meta"]["seeds"][0]
 
 
 def test_the_automatic_warm_up_is_restored_not_run_again(tmp_path, monkeypatch):
