@@ -19,6 +19,7 @@ import torch
 #: clients per block of the clients' own randomness: a block is drawn whole by every process that holds one
 #: of its clients, so that a process's extra draws are at most two blocks
 CLIENTS_PER_BLOCK = 256
+_LOW_WORD = 2**32 - 1
 
 
 class Randomness:
@@ -41,6 +42,8 @@ class Randomness:
         self.host = np.random.default_rng(seed + 1)
         #: the blocks' generators drawn from so far, by block number
         self.blocks: dict[int, torch.Generator] = {}
+        self._block_seeds: list[int] = []  # of the blocks 0, 1, ... (see block_seed)
+        self._low_words = {self.seed & _LOW_WORD}  # what a CPU generator reads of each seed, so far
 
     def coins(self, prob: float, *shape: int) -> np.ndarray:
         """Bernoulli(``prob``) draws as a boolean array; ``prob >= 1`` is always true and consumes no
@@ -59,12 +62,27 @@ class Randomness:
 
     def block(self, number: int) -> torch.Generator:
         """The generator of the clients ``number * CLIENTS_PER_BLOCK`` to ``(number + 1) * CLIENTS_PER_BLOCK -
-        1``, seeded from the run's seed and the block's number."""
+        1``, seeded with :meth:`block_seed`."""
         if number not in self.blocks:
-            seed = np.random.SeedSequence([self.seed, number]).generate_state(2, np.uint32)
-            generator = torch.Generator(self.device).manual_seed(int(seed[0]) << 31 | int(seed[1]) >> 1)
-            self.blocks[number] = generator
+            self.blocks[number] = torch.Generator(self.device).manual_seed(self.block_seed(number))
         return self.blocks[number]
+
+    def block_seed(self, number: int) -> int:
+        """The seed of block ``number``: derived from the run's seed and the block's number, and derived
+        again (with an attempt number) while its lowest 32 bits are those of a lower-numbered block's seed
+        or of the run's. A CPU generator reads only those 32 bits of its seed: two blocks whose seeds shared
+        them would draw the same numbers for their clients. The rule is the same wherever the blocks are
+        drawn: a process holding the last block derives the seeds of all before it (a few microseconds
+        each)."""
+        while len(self._block_seeds) <= number:
+            block, attempt = len(self._block_seeds), 0
+            seed = _seed(self.seed, block)
+            while seed & _LOW_WORD in self._low_words:
+                attempt += 1
+                seed = _seed(self.seed, block, attempt)
+            self._block_seeds.append(seed)
+            self._low_words.add(seed & _LOW_WORD)
+        return self._block_seeds[number]
 
     def for_clients(
         self, draw: Callable[[torch.Generator, int], torch.Tensor], num_clients: int, held: slice, dim: int
@@ -128,3 +146,9 @@ class Randomness:
         # into the blocks' generators themselves: a minibatch sampler holds them
         for number, block in zip(state["block_numbers"].tolist(), state["blocks"], strict=True):
             self.block(number).set_state(block.cpu().clone())  # its own memory, not a row of the stack
+
+
+def _seed(*entropy: int) -> int:
+    """A 63-bit seed derived from the integers ``entropy`` (NumPy's :class:`~numpy.random.SeedSequence`)."""
+    words = np.random.SeedSequence(list(entropy)).generate_state(2, np.uint32)
+    return int(words[0]) << 31 | int(words[1]) >> 1

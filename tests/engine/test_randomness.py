@@ -4,6 +4,7 @@ with it, and a holder draws only the blocks of its own clients."""
 import torch
 
 from pyro_fed.data.minibatch import MinibatchSampler
+from pyro_fed.engine import randomness
 from pyro_fed.engine.randomness import CLIENTS_PER_BLOCK, Randomness
 
 #: three blocks, the last one short
@@ -27,6 +28,25 @@ def test_a_client_draws_the_same_wherever_it_is_held_and_a_holder_only_its_block
     )
     other = Randomness(4).client_normal(4, 2, num_clients=CLIENTS, held=HELD[0], dim=3, dtype=torch.float64)
     assert not torch.equal(whole, other)
+
+
+def test_blocks_whose_seeds_a_cpu_generator_reads_alike_are_seeded_apart(monkeypatch):
+    # a CPU generator reads 32 bits of its seed: seeds equal there draw the same numbers
+    assert torch.equal(
+        torch.randn(4, generator=torch.Generator().manual_seed(5)),
+        torch.randn(4, generator=torch.Generator().manual_seed(5 + 2**32)),
+    )
+    # seeds that collide with none are derived once, as they always were
+    assert [Randomness(3).block_seed(n) for n in range(3)] == [randomness._seed(3, n) for n in range(3)]
+    # every block's first derivation made to agree in those bits with the others' (and the run's seed)
+    derive = randomness._seed
+    monkeypatch.setattr(randomness, "_seed", lambda *e: 3 + (e[1] << 32) if len(e) == 2 else derive(*e))
+    rng = Randomness(3)
+    seeds = [rng.block_seed(n) for n in range(3)]
+    assert len({seed % 2**32 for seed in seeds} | {3}) == 4
+    draws = rng.client_normal(num_clients=CLIENTS, held=HELD[0], dim=1, dtype=torch.float64)
+    blocks = draws[: 3 * CLIENTS_PER_BLOCK : CLIENTS_PER_BLOCK]  # the first client of each block
+    assert len(set(blocks.flatten().tolist())) == 3
 
 
 def test_the_blocks_states_restore_their_next_draws():
