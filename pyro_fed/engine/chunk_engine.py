@@ -135,6 +135,8 @@ class ChunkEngine:
         if key not in self._graphs:
             try:
                 self._graphs[key] = _ChunkGraph(function, state, inputs, constants)
+                if self.meter is not None:  # its warm-up chunks' collectives were sent
+                    self.meter.sent_bytes += _ChunkGraph.WARMUP_CHUNKS * len(inputs[0]) * function.sent_bytes
             except Exception as error:
                 warnings.warn(
                     f"pyro_fed could not capture {self.what} as a CUDA graph ({type(error).__name__}: "
@@ -169,6 +171,9 @@ class _ChunkGraph:
     the new state and the stacked outputs are written into static tensors by the graph, and cloned out.
     """
 
+    #: chunks run before the capture
+    WARMUP_CHUNKS = 2
+
     def __init__(self, function: Prepared, state: Tensors, inputs: Tensors, constants: Tensors):
         self.static = [t.clone() for t in (*state, *inputs, *constants)]
         self.num_state, self.num_inputs = len(state), len(inputs)
@@ -177,7 +182,7 @@ class _ChunkGraph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
+            for _ in range(self.WARMUP_CHUNKS):
                 self._iterate(function)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
