@@ -10,7 +10,7 @@ Three kinds of operation:
 
 - **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.sums`, :meth:`~Network.average`,
   :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.moments`,
-  :meth:`~Network.dispersion`, :meth:`~Network.everywhere`, :meth:`~Network.finite`, :meth:`~Network.mix`):
+  :meth:`~Network.dispersion`, :meth:`~Network.everywhere`, :meth:`~Network.mix`):
   pure functions of tensors, which run inside a traced or compiled iteration and count nothing;
 - **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
   :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
@@ -120,11 +120,6 @@ class Network:
         """Whether ``flags`` (booleans of any shape, the same on every holder) hold for every holder of
         clients."""
         raise NotImplementedError
-
-    def finite(self, tensors) -> torch.Tensor:
-        """``[C]``: whether every entry of every tensor of a state (``[C, ...]`` each, clients' or the
-        server's) is finite, for each chain, over all clients."""
-        return self.everywhere(held_finite(tensors))
 
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         """One round of neighbour exchange over ``graph`` (:meth:`~pyro_fed.network.graphs.Graph.mix`):

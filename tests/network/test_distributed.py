@@ -16,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from pyro_fed.algorithms import dula, fald, qlsd
 from pyro_fed.data.partition import iid, to_index_lists
 from pyro_fed.engine.compile import prepare
+from pyro_fed.network.base import held_finite
 from pyro_fed.network.compression import StochasticQuantizer
 from pyro_fed.network.distributed import TorchDistributedNetwork, blocks, shard
 from pyro_fed.network.graphs import make_graph
@@ -87,7 +88,7 @@ def run_fald(network, held, num_clients, iterations=ITERATIONS, preparing=eager)
 
     def iteration(clients, noise, communicate):
         new = fald.step(fald.FaldState(clients), grads, noise, communicate, network, step_size=step_size)[0]
-        new = torch.where(network.finite((new,))[:, None, None], new, clients)
+        new = torch.where(network.everywhere(held_finite((new,)))[:, None, None], new, clients)
         return new, network.dispersion(new)
 
     clients = fald.init(r["start"], held.stop - held.start).clients
@@ -174,7 +175,7 @@ def operations(network, held, num_clients):
         "broadcast": network.broadcast(server, held.stop - held.start),
         "average_where": network.average_where(torch.tensor([True, False]), here),
         "dispersion": network.dispersion(here),
-        "finite": network.finite((clients3[:, held], server3)),
+        "finite": network.everywhere(held_finite((clients3[:, held], server3))),
         "mix_ring": network.mix(ring, here, beta),
         "mix_random": network.mix(random, here, beta),
     }
