@@ -139,29 +139,40 @@ def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likel
         assert not observed  # each rank has only its own data points
 
 
+def faulty_run(network, fault):
+    """A FALD run over this rank's clients in which rank 1 calls ``fault()`` before its third chunk:
+    ``(kind, seconds, message)`` of the error the run raised here (``seconds`` since this rank's last chunk
+    began; the error is caught and the process lives on, as in a notebook), or ``("finished", None,
+    None)``."""
+    x, y = regression_data(num_data=NUM_DATA, dim=3)
+    rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+    kernel = FaldKernel(logistic_model, clients, step_size=0.01, batch_size=4, chunk_size=8, network=network)
+    original, calls = ChunkRunner.run_chunk, []
+
+    def run_chunk(self):
+        calls.append(time.monotonic())
+        if network.rank == 1 and len(calls) == 3:
+            fault()
+        return original(self)
+
+    ChunkRunner.run_chunk = run_chunk
+    try:
+        MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True).run(x[rows], y[rows])
+    except (RuntimeError, ValueError) as error:
+        return type(error).__name__, time.monotonic() - calls[-1], str(error)
+    finally:
+        ChunkRunner.run_chunk = original
+    return "finished", None, None
+
+
+def killed():
+    os._exit(0)  # in the middle of the run, between two chunks
+
+
 def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
-    def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
-        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
-        options = {"step_size": 0.01, "batch_size": 4, "chunk_size": 8, "network": network}
-        kernel = FaldKernel(logistic_model, clients, **options)
-        mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True)
-        original, calls = ChunkRunner.run_chunk, []
-
-        def run_chunk(self):
-            calls.append(time.monotonic())
-            if rank == 1 and len(calls) == 3:
-                os._exit(0)  # killed in the middle of the run, between two chunks
-            return original(self)
-
-        ChunkRunner.run_chunk = run_chunk
-        try:
-            mcmc.run(x[rows], y[rows])
-        except RuntimeError as error:
-            return time.monotonic() - calls[-1], str(error)
-        return None, "finished"
-
-    (seconds, message), died = run_forked(run, 2, timeout_seconds=120, survivors=True)
+    (_, seconds, message), died = run_forked(
+        lambda rank, world_size, network: faulty_run(network, killed), 2, timeout_seconds=120, survivors=True
+    )
     assert died == ("died", 0)
     # gloo tells the survivor that its peer is gone at its next collective (the group's timeout, minutes,
     # is only for a rank that hangs alive)
@@ -172,59 +183,30 @@ def test_a_rank_that_dies_stops_the_other_within_seconds_not_a_hang():
 def test_a_rank_that_hangs_is_named_at_the_groups_timeout():
     group_timeout = 6.0  # longer than either rank's set-up (tracing), so that only the hang times out
 
-    def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
-        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
-        options = {"step_size": 0.01, "batch_size": 4, "chunk_size": 8, "network": network}
-        kernel = FaldKernel(logistic_model, clients, **options)
-        mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True)
-        original, calls = ChunkRunner.run_chunk, []
+    def hung():
+        time.sleep(2 * group_timeout + CENSUS_SECONDS)  # alive, but away from the collectives
+        killed()
 
-        def run_chunk(self):
-            calls.append(time.monotonic())
-            if rank == 1 and len(calls) == 3:
-                time.sleep(2 * group_timeout + CENSUS_SECONDS)  # alive, but away from the collectives
-                os._exit(0)
-            return original(self)
-
-        ChunkRunner.run_chunk = run_chunk
-        try:
-            mcmc.run(x[rows], y[rows])
-        except RuntimeError as error:
-            return time.monotonic() - calls[-1], str(error)
-        return None, "finished"
-
-    (seconds, message), hung = run_forked(
-        run, 2, timeout_seconds=120, survivors=True, group_timeout_seconds=group_timeout
+    (_, seconds, message), hung_rank = run_forked(
+        lambda rank, world_size, network: faulty_run(network, hung),
+        2,
+        timeout_seconds=120,
+        survivors=True,
+        group_timeout_seconds=group_timeout,
     )
-    assert hung == ("died", 0)
+    assert hung_rank == ("died", 0)
     # the group's timeout, then the census (the time of a chunk's collectives aside)
     assert seconds is not None and group_timeout <= seconds < group_timeout + CENSUS_SECONDS + 3, message
     assert "rank 0 of 2 lost another process of its group: rank 1 did not come to a collective" in message
 
 
 def test_an_error_of_one_rank_alone_stops_the_other_within_seconds_and_names_it():
-    def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
-        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
-        kernel = FaldKernel(logistic_model, clients, step_size=0.01, chunk_size=8, network=network)
-        original, calls = ChunkRunner.run_chunk, []
+    def fails():
+        raise ValueError("a model that fails on this rank's data only")
 
-        def run_chunk(self):
-            calls.append(time.monotonic())
-            if rank == 1 and len(calls) == 3:
-                raise ValueError("a model that fails on this rank's data only")
-            return original(self)
-
-        ChunkRunner.run_chunk = run_chunk
-        try:
-            MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True).run(x[rows], y[rows])
-        except (RuntimeError, ValueError) as error:
-            # the process lives on (the error caught), as in a notebook
-            return type(error).__name__, time.monotonic() - calls[-1], str(error)
-        return "finished", None, None
-
-    (kind, seconds, message), own = run_forked(run, 2, timeout_seconds=120)
+    (kind, seconds, message), own = run_forked(
+        lambda rank, world_size, network: faulty_run(network, fails), 2, timeout_seconds=120
+    )
     assert own[0] == "ValueError"
     assert kind == "RuntimeError" and seconds < 10, (kind, seconds, message)
     expected = "rank 1 failed: ValueError: a model that fails on this rank's data only"
@@ -244,21 +226,7 @@ def test_an_input_every_rank_refuses_leaves_the_group_for_another_run_whose_faul
             refused = str(error)
         MCMC(FaldKernel(logistic_model, clients, **options), num_samples=4, warmup_steps=0).run(*data)
         # a third run, in which rank 1 dies: its loss, not the first run's refusal, is what rank 0 reports
-        original, calls = ChunkRunner.run_chunk, []
-
-        def run_chunk(self):
-            calls.append(time.monotonic())
-            if rank == 1 and len(calls) == 2:
-                os._exit(0)
-            return original(self)
-
-        ChunkRunner.run_chunk = run_chunk
-        try:
-            kernel = FaldKernel(logistic_model, clients, **options)
-            MCMC(kernel, num_samples=400, warmup_steps=0, disable_progbar=True).run(*data)
-        except RuntimeError as error:
-            return refused, str(error)
-        return refused, "finished"
+        return refused, faulty_run(network, killed)[2]
 
     (refused, message), died = run_forked(run, 2, timeout_seconds=120, survivors=True)
     assert refused.startswith("preconditioner has shape (5,)"), refused
