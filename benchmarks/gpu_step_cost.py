@@ -276,8 +276,7 @@ class ChunkClock:
 
 
 def draws_per_chunk(kernel) -> int:
-    chunk = getattr(kernel, "_chunk", None)
-    return max(1, int(chunk if chunk else kernel.chunk_size) // kernel.thinning)
+    return max(1, kernel.runner.chunk // kernel.current_thinning)
 
 
 def measure_kernel(

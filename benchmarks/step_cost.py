@@ -164,7 +164,7 @@ def make_kernel_step(problem: Problem, seed: int, num_chains: int = 1, **options
     step.kernel = kernel
     step.first_call_s = first_call_s
     step.calls = 1  # calls made so far (to start timed blocks at a chunk boundary)
-    step.chunk = int(getattr(kernel, "_chunk", kernel.chunk_size)) // kernel.thinning  # draws per chunk
+    step.chunk = kernel.runner.chunk // kernel.current_thinning  # draws per chunk
     return step
 
 
@@ -362,8 +362,8 @@ PARTS = {
     "minibatch sampler": ("minibatch.py", "__call__"),
     "iterations (engine.run)": ("engine.py", "run"),
     "noise": ("langevin.py", "client_noise"),
-    "coins": ("fald.py", "draw_coins"),
-    "record (per chunk)": ("base.py", "_record"),
+    "coins": ("fald.py", "coins"),
+    "bits (per chunk)": ("base.py", "record"),
     "serve a draw (unconstrained_params)": ("potential.py", "unconstrained_params"),
 }
 
@@ -385,8 +385,9 @@ def profile_kernel(b: int, chunks: int, seed: int, top: int = 25) -> tuple[dict,
     cumulative = {}
     for (filename, _, function), (_, _, _, cum, _) in stats.stats.items():
         for part, (file, name) in PARTS.items():
+            # the outermost of a part's functions of one name (a sampler calling its blocks' samplers)
             if filename.endswith(file) and function == name:
-                cumulative[part] = cumulative.get(part, 0.0) + cum
+                cumulative[part] = max(cumulative.get(part, 0.0), cum)
     profiled = stats.total_tt
     breakdown = {
         "b": b,
