@@ -284,7 +284,7 @@ class TorchDistributedNetwork(Network):
         store. If every other rank says the same within :data:`CENSUS_SECONDS` (an input that every rank
         refuses alike), none waits for another, and the group stays as it is, for another run. Otherwise
         this rank aborts its connections in the group, so that the others, waiting for it in a collective
-        or at their next, fail at once rather than at the group's timeout, and their error names this one's
+        or at their next, fail then rather than at the group's timeout, and their error names this one's
         (:meth:`explain`)."""
         text = str(error).strip()
         if self.world_size == 1 or _lost_peer(text) or _timed_out(text):
