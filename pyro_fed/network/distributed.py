@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -243,19 +243,14 @@ class TorchDistributedNetwork(Network):
         timed_out = _timed_out(text)
         if not (timed_out or _lost_peer(text)):
             return error
-        others = [r for r in range(self.world_size) if r != self.rank]
-        failed, silent = {}, others
+
+        def settled() -> bool:  # a peer's own error is known, or every other rank reported
+            failed, silent = self._census()
+            return bool(failed) or not silent
+
         try:
-            store = self._store()
-            store.set(self._key("lost", self.rank), "1")
-            deadline = time.monotonic() + CENSUS_SECONDS
-            while True:
-                failed = {r: store.get(self._key("failed", r)).decode() for r in self._reported("failed")}
-                lost = self._reported("lost")
-                silent = [r for r in others if r not in failed and r not in lost]
-                if failed or not silent or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            self._report("lost", "1", settled)
+            failed, silent = self._census()
         except Exception:  # the store went with the lost process (it held it): nothing more is known
             failed, silent = {}, []
         ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
@@ -289,19 +284,9 @@ class TorchDistributedNetwork(Network):
         text = str(error).strip()
         if self.world_size == 1 or _lost_peer(text) or _timed_out(text):
             return  # nobody to tell, or not this rank's own error: another's, which explain() names
-        others = [r for r in range(self.world_size) if r != self.rank]
+        message = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:500]
         try:
-            store = self._store()
-            store.set(
-                self._key("failed", self.rank),
-                f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:500],
-            )
-            deadline = time.monotonic() + CENSUS_SECONDS
-            while not set(others) <= self._reported("failed"):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-            else:
+            if self._report("failed", message, lambda: len(self._reported("failed")) == self.world_size - 1):
                 return
         except Exception:  # no store to tell: the others learn of this rank's loss from the connections
             pass
@@ -388,6 +373,25 @@ class TorchDistributedNetwork(Network):
         """The group store's key of a fault report of this network's current run: ``kind`` is ``"failed"``
         (the rank's own error) or ``"lost"`` (it lost a peer)."""
         return f"{self._reports}/{self._runs}/{kind}/{rank}"
+
+    def _report(self, kind: str, value: str, settled: Callable[[], bool]) -> bool:
+        """Report ``kind`` (see :meth:`_key`) for this rank in the group's store, then wait, at most
+        :data:`CENSUS_SECONDS`, until the other ranks' reports have ``settled()``: whether they have."""
+        self._store().set(self._key(kind, self.rank), value)
+        deadline = time.monotonic() + CENSUS_SECONDS
+        while not settled():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _census(self) -> tuple[dict[int, str], list[int]]:
+        """What this run's reports say of the other ranks: the errors of those that failed by themselves,
+        and those that reported nothing (neither an error nor the loss of a peer)."""
+        store = self._store()
+        failed = {r: store.get(self._key("failed", r)).decode() for r in self._reported("failed")}
+        lost = self._reported("lost")
+        return failed, [r for r in range(self.world_size) if r not in (self.rank, *failed, *lost)]
 
     def _reported(self, kind: str) -> set[int]:
         """The other ranks that reported ``kind`` in this run."""
