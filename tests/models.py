@@ -23,7 +23,7 @@ def scaled_regression(x, y=None):
 
 def gaussian_regression(noise_sd, validate_args=None):
     """Conjugate linear-Gaussian regression with prior N(0, I): the posterior is Gaussian. With
-    ``validate_args=True`` its likelihood refuses a non-finite location (raises), as validating distributions
+    ``validate_args=True`` its likelihood refuses a NaN location (raises), as validating distributions
     do."""
 
     def model(x, y=None):
