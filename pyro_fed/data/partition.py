@@ -13,6 +13,7 @@ Random generators are deterministic for a given ``seed`` and never touch the glo
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -41,6 +42,9 @@ def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
     :param int num_data: number of data points ``N``.
     :param int num_clients: number of clients ``b``, ``1 <= b <= N``.
     :param int seed: seed of the random permutation.
+
+    The counts and the seed are integers of any integer type (Python, NumPy, a 0-d integer tensor); a float
+    (``2.5``, or ``6e1``) or a bool is refused.
     :returns: client ids, shape ``[N]``.
     :rtype: torch.LongTensor
 
@@ -50,9 +54,10 @@ def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
         >>> clients.bincount()
         tensor([4, 3, 3])
     """
+    num_data = _count("num_data", num_data)
     if num_data < 1:
         raise ValueError(f"num_data must be >= 1, got {num_data}")
-    _check_num_clients(num_clients, num_data)
+    num_clients = _check_num_clients(num_clients, num_data)
     perm = torch.randperm(num_data, generator=_generator(seed))
     clients = torch.empty(num_data, dtype=torch.long)
     clients[perm] = torch.arange(num_data) % num_clients
@@ -63,27 +68,38 @@ def iid(num_data: int, num_clients: int, seed: int = 0) -> torch.LongTensor:
 def dirichlet(labels, num_clients: int, alpha: float, seed: int = 0) -> torch.LongTensor:
     r"""
     Label-skewed split: for each label :math:`c`, draws client proportions
-    :math:`\pi_c \sim \mathrm{Dirichlet}(\alpha \mathbf{1}_b)` and splits the shuffled points of label
-    :math:`c` among the clients in those proportions. Small ``alpha`` gives each label to few clients (very
-    heterogeneous clients); large ``alpha`` approaches an i.i.d. split. Clients left empty then receive one
-    point each from the currently largest client.
+    :math:`\pi_c \sim \mathrm{Dirichlet}(\alpha \mathbf{1}_b)` and splits the :math:`n_c` shuffled points of
+    label :math:`c` among the clients in those proportions: client :math:`k` receives :math:`n_c \pi_{ck}`
+    points, rounded up or down at random so that its expected number is exactly :math:`n_c \pi_{ck}`
+    (systematic rounding: the points sit at :math:`(i + u_c) / n_c`, :math:`i = 0, \dots, n_c - 1`,
+    :math:`u_c \sim \mathrm{Uniform}(0, 1)`, and client :math:`k` takes those in the :math:`k`-th interval of
+    the cumulated proportions). A client's expected share of every label is thus :math:`1 / b`, and its
+    expected size :math:`N / b`, however small the labels; flooring the boundaries, as common
+    implementations do, gives a label of two points always to the same two clients. Small ``alpha`` gives
+    each label to few clients (very heterogeneous clients); large ``alpha`` approaches an i.i.d. split.
+    Clients left empty then receive one point each from the currently largest client.
 
     **References**
 
     [1] T.-M. H. Hsu, H. Qi, M. Brown (2019), "Measuring the Effects of Non-Identical Data Distribution for
         Federated Visual Classification", arXiv:1909.06335.
 
-    :param labels: 1-D tensor or sequence of labels, one per data point (any values; e.g. the observed
-        ``y`` of a classifier).
+    [2] M. Yurochkin, M. Agarwal, S. Ghosh et al. (2019), "Bayesian Nonparametric Federated Learning of
+        Neural Networks", ICML.
+
+    :param labels: 1-D tensor, array or sequence of class labels, one per data point (e.g. the observed
+        ``y`` of a classifier): integers, bools, strings, or floats with integer values (``0.0``, ``1.0``).
+        Floats with other values (a continuous ``y``) are refused: bin them first, or split by a site
+        column with :func:`by_group`.
     :param int num_clients: number of clients ``b``, ``1 <= b <= N``.
     :param float alpha: Dirichlet concentration, ``> 0``.
-    :param int seed: seed of the shuffles and proportions.
+    :param int seed: seed of the shuffles, proportions and rounding.
     :returns: client ids, shape ``[N]``.
     :rtype: torch.LongTensor
     """
-    codes, num_labels = _codes(labels, "labels")
-    _check_num_clients(num_clients, len(codes))
-    if not alpha > 0:
+    codes, num_labels = _label_codes(labels, "dirichlet")
+    num_clients = _check_num_clients(num_clients, len(codes))
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     generator = _generator(seed)
     concentration = torch.full((num_clients,), float(alpha), dtype=torch.float64)
@@ -92,8 +108,12 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int = 0) -> torch.Lo
         points = _shuffled_points(codes, c, generator)
         # Dirichlet.sample() takes no generator; this is the op behind it.
         proportions = torch._sample_dirichlet(concentration, generator=generator)
-        boundaries = (proportions.cumsum(0)[:-1] * len(points)).long()
-        clients[points] = torch.bucketize(torch.arange(len(points)), boundaries, right=True)
+        offset = torch.rand((), dtype=torch.float64, generator=generator)
+        positions = (torch.arange(len(points), dtype=torch.float64) + offset) / len(points)
+        # the client whose interval [cumsum_{k-1}, cumsum_k) holds each position; clamped because the
+        # cumulated proportions may end a rounding error below 1
+        boundaries = proportions.cumsum(0)[:-1]
+        clients[points] = torch.bucketize(positions, boundaries, right=True).clamp(max=num_clients - 1)
     return _fill_empty_clients(clients, num_clients)
 
 
@@ -111,21 +131,22 @@ def shards(labels, num_clients: int, major: float = 0.8, seed: int = 0) -> torch
     [1] V. Plassier, A. Durmus, E. Moulines et al. (2023), "Federated Averaging Langevin Dynamics: Toward a
         unified theory and new algorithms", AISTATS (arXiv:2211.00100).
 
-    :param labels: 1-D tensor or sequence of labels, one per data point.
+    :param labels: 1-D tensor, array or sequence of class labels, one per data point (as in
+        :func:`dirichlet`: a continuous ``y`` is refused).
     :param int num_clients: number of clients ``b``, ``C <= b <= N``.
     :param float major: fraction of each label given to its own clients, ``0 <= major <= 1``.
     :param int seed: seed of the shuffles.
     :returns: client ids, shape ``[N]``.
     :rtype: torch.LongTensor
     """
-    codes, num_labels = _codes(labels, "labels")
-    _check_num_clients(num_clients, len(codes))
+    codes, num_labels = _label_codes(labels, "shards")
+    num_clients = _check_num_clients(num_clients, len(codes))
     if num_clients < num_labels:
         raise ValueError(
             f"num_clients={num_clients} is smaller than the number of distinct labels ({num_labels}); "
             "shards needs at least one client per label"
         )
-    if not 0 <= major <= 1:
+    if isinstance(major, bool) or not isinstance(major, numbers.Real) or not 0 <= major <= 1:
         raise ValueError(f"major must be in [0, 1], got {major}")
     generator = _generator(seed)
     clients = torch.empty(len(codes), dtype=torch.long)
@@ -164,7 +185,8 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
     Validates a user's ``clients`` argument and converts it to one index tensor per client.
 
     :param clients: ``None`` (``DEFAULT_CLIENTS`` i.i.d. clients, or one per datum when there are fewer
-        data), a number of clients ``b`` (an i.i.d. split, :func:`iid` with ``seed=0``), or
+        data), a number of clients ``b`` (an i.i.d. split, :func:`iid` with ``seed=0``; an integer of any
+        integer type, not a float or a bool), or
         client ids (a 1-D integer tensor or a sequence of ints of length ``N`` with values ``0..b-1``,
         every client non-empty), or a sequence of ``b`` non-empty 1-D integer index tensors, pairwise
         disjoint.
@@ -176,13 +198,19 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
     """
     if clients is None and num_data is not None:
         clients = min(DEFAULT_CLIENTS, num_data)
-    if isinstance(clients, (int, np.integer)) and not isinstance(clients, bool):
+    if integral(clients) is not None:
+        clients = integral(clients)
         if num_data is None or not 1 <= clients <= num_data:
             raise ValueError(
                 f"clients={clients}: a number of clients must be between 1 and the number of data points "
                 f"({num_data}); or give one client id per data point, or one index tensor per client."
             )
-        return _from_ids(iid(num_data, int(clients), seed=0), num_data)
+        return _from_ids(iid(num_data, clients, seed=0), num_data)
+    if _is_scalar(clients):
+        raise ValueError(
+            f"clients={clients!r}: give a whole number of clients (e.g. 10, for an i.i.d. split), one client "
+            "id per data point, or one index tensor per client."
+        )
     if isinstance(clients, torch.Tensor):
         return _from_ids(clients, num_data)
     if len(clients) == 0:
@@ -245,11 +273,38 @@ def _from_index_lists(parts: list[torch.Tensor], num_data: int | None) -> list[t
     return [part.long().sort().values for part in parts]
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def integral(value) -> int | None:
+    """``value`` as an ``int`` when it is an integer of any integer type (a Python ``int``, a NumPy integer,
+    a 0-d integer tensor); ``None`` for anything else, bools (``True`` is no count) and floats (``2.0``
+    included: a float where a count is due is a mistake more often than not) among them."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or not _is_integer(value):
+            return None
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
 
 
-def _check_num_clients(num_clients: int, num_data: int) -> None:
+def _count(name: str, value) -> int:
+    """An integer argument of a generator (a count or a seed), as an ``int``; anything else is refused
+    naming the argument and the value."""
+    found = integral(value)
+    if found is None:
+        kind = "a bool" if isinstance(value, (bool, np.bool_)) else f"of type {type(value).__name__}"
+        raise ValueError(
+            f"{name} must be an integer (a Python or NumPy int, or a 0-d integer tensor); got {value!r}, "
+            f"{kind}. Pass int({name}) if it holds a whole number."
+        )
+    return found
+
+
+def _generator(seed) -> torch.Generator:
+    return torch.Generator().manual_seed(_count("seed", seed))
+
+
+def _check_num_clients(num_clients, num_data: int) -> int:
+    num_clients = _count("num_clients", num_clients)
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > num_data:
@@ -257,6 +312,37 @@ def _check_num_clients(num_clients: int, num_data: int) -> None:
             f"num_clients={num_clients} exceeds the number of data points ({num_data}); "
             "every client needs at least one point"
         )
+    return num_clients
+
+
+def _label_codes(labels, function: str) -> tuple[torch.LongTensor, int]:
+    """:func:`_codes` of class labels: a continuous ``labels`` (floats with non-integer values) is refused,
+    since each of its values would become a class of its own."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind == "f":
+        floats = torch.from_numpy(labels.reshape(-1))
+    elif isinstance(labels, torch.Tensor):
+        floats = labels.reshape(-1) if labels.is_floating_point() else torch.empty(0)
+    else:
+        labels = list(labels)
+        floats = [v for v in labels if isinstance(v, (float, np.floating))]
+        floats = torch.tensor(floats, dtype=torch.float64)
+    if bool(floats.isnan().any()):
+        raise ValueError(
+            f"labels holds NaN ({int(floats.isnan().sum())} of its values): a point without a label has no "
+            f"place in {function}'s split. Drop those points, or give them a label of their own (e.g. -1)."
+        )
+    fractional = floats[floats != floats.round()]
+    if len(fractional):
+        distinct = len(torch.unique(floats))
+        raise ValueError(
+            f"labels must be class labels (integers, bools, strings, or floats with integer values), one "
+            f"per data point; got floats with non-integer values such as {float(fractional[0])!r} "
+            f"({distinct} distinct values in {len(floats)}). {function} splits each label's points among "
+            "the clients, and a continuous y would make every value a label of its own. Bin it first "
+            "(e.g. labels = torch.bucketize(y, torch.quantile(y, torch.linspace(0, 1, 11)[1:-1])) for 10 "
+            "quantile bins), or split by a site column with partition.by_group."
+        )
+    return _codes(labels, "labels")
 
 
 def _codes(values, name: str) -> tuple[torch.LongTensor, int]:
@@ -296,6 +382,10 @@ def _fill_empty_clients(clients: torch.LongTensor, num_clients: int) -> torch.Lo
 
 def _is_integer(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (numbers.Number, np.generic)) or (isinstance(x, torch.Tensor) and x.dim() == 0)
 
 
 def _is_vector(x) -> bool:

@@ -1,6 +1,7 @@
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -231,3 +232,138 @@ def test_assignments_under_another_default_device():
         found = (partition.iid(40, 4), partition.dirichlet(labels, 4, 0.5), partition.shards(labels, 4))
     for ids, same in zip(found, expected, strict=True):
         assert ids.device.type == "cpu" and torch.equal(ids, same)
+
+
+def test_dirichlet_gives_each_client_its_expected_size_however_small_the_labels():
+    # 50 labels of 2 points, 10 clients, alpha=100: each client's expected share of each label is 1/10, so
+    # its expected size is N/b = 10 (flooring the label boundaries gave [1, 1, 1, 1, 25, 25, 1, 1, 1, 43]).
+    # Given the proportions pi, a client's count of a label is n pi_k rounded up or down: a Bernoulli
+    # variance <= 1/4 around n pi_k, whose own variance is n^2 Var(pi_k) = 4 * 0.1 * 0.9 / 1001 < 4e-4. The
+    # 50 labels are independent: Var(size) <= 50 * (0.25 + 4e-4) < 12.6, so the mean over 100 seeds has sd
+    # <= 0.355 and a sum of 5000 independent terms is close to normal; 5 sd (1.8) leaves each of the 10
+    # clients a chance below 1e-6 of failing by chance, and is a fifth of the old error.
+    labels = torch.arange(100) % 50
+    sizes = torch.stack(
+        [torch.bincount(partition.dirichlet(labels, 10, alpha=100, seed=s), minlength=10) for s in range(100)]
+    )
+    mean = sizes.double().mean(0)
+    assert (mean - 10).abs().max() < 5 * math.sqrt(50 * (0.25 + 4e-4) / 100), mean
+
+
+def test_dirichlet_splits_each_label_in_its_proportions_rounded_without_bias(monkeypatch):
+    # With the proportions fixed at (0.2, 0.3, 0.5), each label of 2 points gives client 2 exactly one
+    # point, and client 0 the other with probability 0.4, client 1 with probability 0.6: never fewer than
+    # floor(n pi_k) nor more than ceil(n pi_k), and n pi_k on average. Client 0's size over 50 labels is
+    # Binomial(50, 0.4), sd sqrt(12) = 3.46; the mean over 40 seeds has sd 0.548; 5 sd is 2.74.
+    proportions = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    monkeypatch.setattr(torch, "_sample_dirichlet", lambda concentration, generator: proportions)
+    labels = torch.arange(100) % 50
+    counts = torch.stack(
+        [
+            torch.stack([torch.bincount(clients[labels == c], minlength=3) for c in range(50)])
+            for clients in (partition.dirichlet(labels, 3, alpha=1.0, seed=s) for s in range(40))
+        ]
+    )  # [seed, label, client]
+    assert (counts[..., 2] == 1).all()
+    assert ((counts[..., 0] + counts[..., 1]) == 1).all()
+    sizes = counts.sum(1).double().mean(0)
+    assert abs(sizes[0] - 20) < 5 * math.sqrt(50 * 0.4 * 0.6 / 40), sizes
+    assert abs(sizes[1] - 30) < 5 * math.sqrt(50 * 0.4 * 0.6 / 40), sizes
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        torch.randn(100, generator=torch.Generator().manual_seed(0)),
+        torch.randn(100, generator=torch.Generator().manual_seed(0)).numpy(),
+        [0.5, 1.5, 2.5, 0.5],
+        torch.tensor([0.0, 1.0, 0.25, 1.0], dtype=torch.float16),
+    ],
+    ids=["tensor", "numpy", "list", "float16"],
+)
+@pytest.mark.parametrize("function", ["dirichlet", "shards"])
+def test_a_continuous_y_is_refused(labels, function):
+    split = {
+        "dirichlet": lambda: partition.dirichlet(labels, 2, alpha=1.0),
+        "shards": lambda: partition.shards(labels, 4),
+    }
+    with pytest.raises(
+        ValueError,
+        match=rf"labels must be class labels .* non-integer values such as .*"
+        rf"{function} splits each label's points.* Bin it first .*by_group",
+    ):
+        split[function]()
+
+
+def test_labels_with_nan_are_refused():
+    with pytest.raises(ValueError, match=r"labels holds NaN \(1 of its values\).* Drop those points"):
+        partition.dirichlet(torch.tensor([0.0, float("nan"), 1.0]), 2, alpha=1.0)
+
+
+def test_integral_labels_of_any_type_are_labels():
+    expected = partition.dirichlet(torch.tensor([0, 1, 1, 0, 1, 0]), 2, alpha=1.0, seed=1)
+    for labels in (
+        torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0], dtype=torch.float64),
+        torch.tensor([False, True, True, False, True, False]),
+        np.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
+        np.array([0, 1, 1, 0, 1, 0]),
+        [0, 1, 1, 0, 1, 0],
+    ):
+        assert torch.equal(partition.dirichlet(labels, 2, alpha=1.0, seed=1), expected)
+
+
+def test_counts_and_seeds_of_any_integer_type():
+    expected = partition.iid(16, 4, seed=3)
+    for num_data, num_clients, seed in (
+        (np.int64(16), np.int32(4), np.int16(3)),
+        (torch.tensor(16), torch.tensor(4, dtype=torch.int32), torch.tensor(3)),
+    ):
+        assert torch.equal(partition.iid(num_data, num_clients, seed=seed), expected)
+    labels = torch.arange(16) % 4
+    assert torch.equal(partition.dirichlet(labels, np.int64(4), 0.5), partition.dirichlet(labels, 4, 0.5))
+    assert torch.equal(partition.shards(labels, np.int64(8)), partition.shards(labels, 8))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: partition.iid(60, 2.5), r"num_clients must be an integer .*; got 2\.5, of type float"),
+        (
+            lambda: partition.iid(6e1, 3),
+            r"num_data must be an integer .*; got 60\.0, of type float\. Pass int",
+        ),
+        (lambda: partition.iid(True, 1), r"num_data must be an integer .*; got True, a bool"),
+        (lambda: partition.iid(10, np.float64(2.0)), r"num_clients must be an integer .*; got np\.float64"),
+        (
+            lambda: partition.iid(10, torch.tensor(2.0)),
+            r"num_clients must be an integer .*; got tensor\(2\.\)",
+        ),
+        (lambda: partition.iid(10, 2, seed=0.5), r"seed must be an integer .*; got 0\.5"),
+        (lambda: partition.dirichlet(LABELS, 2.0, alpha=1.0), r"num_clients must be an integer .*; got 2\.0"),
+        (lambda: partition.dirichlet(LABELS, 10, alpha="1"), r"alpha must be > 0, got 1"),
+        (lambda: partition.shards(LABELS, 10, major=True), r"major must be in \[0, 1\], got True"),
+    ],
+)
+def test_numbers_of_the_wrong_type_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "clients, match",
+    [
+        (True, r"clients=True: give a whole number of clients \(e\.g\. 10, for an i\.i\.d\. split\)"),
+        (2.5, r"clients=2\.5: give a whole number of clients"),
+        (np.float32(3.0), r"clients=np\.float32\(3\.0\): give a whole number of clients"),
+        (torch.tensor(3.0), r"clients=tensor\(3\.\): give a whole number of clients"),
+    ],
+)
+def test_clients_not_a_whole_number_is_refused_by_name(clients, match):
+    with pytest.raises(ValueError, match=match):
+        partition.to_index_lists(clients, num_data=10)
+
+
+def test_a_number_of_clients_of_any_integer_type():
+    expected = [t.tolist() for t in partition.to_index_lists(3, num_data=10)]
+    for clients in (np.int64(3), torch.tensor(3)):
+        assert [t.tolist() for t in partition.to_index_lists(clients, num_data=10)] == expected
