@@ -123,7 +123,10 @@ class FederatedKernel(MCMCKernel):
         adapted preconditioner, each chain starts at an independent draw of the Laplace approximation the
         warm-up found (the mode plus :math:`\\sqrt m \\odot N(0, I)`), where the chosen step is known to be
         stable; otherwise at the prior median (:func:`~pyro.infer.autoguide.init_to_median`, which also
-        starts the search for the mode). ``initial_params`` given to ``MCMC`` override both.
+        starts the search for the mode). ``initial_params`` given to ``MCMC`` override both. A site whose
+        prior cannot be sampled (an improper flat prior, :class:`~pyro.distributions.ImproperUniform`) starts
+        uniformly in :math:`(-2, 2)` on its unconstrained scale, whatever the strategy
+        (:func:`~pyro_fed.model.sites.sampling_free`): nothing samples the prior.
     :param str gradient_mode: how an iteration runs: ``"auto"`` (default: traced once per shape, and
         compiled as soon as the rest of the run is projected to take more than ``AUTO_COMPILE_SECONDS``
         traced), ``"compiled"`` (traced and compiled by TorchInductor from the start: about a second of
@@ -216,6 +219,12 @@ class FederatedKernel(MCMCKernel):
             )
         self.prior_weights = prior_weights
         self.plate = plate
+        if init_strategy is not None and not callable(init_strategy):
+            raise TypeError(
+                f"init_strategy={init_strategy!r}: give a Pyro init strategy, a function of a site such as "
+                "pyro.infer.autoguide.init_to_median or init_to_value(values={...}), or leave it out "
+                "(None: the warm-up chooses the chains' starts)."
+            )
         self.init_strategy = init_strategy
         self.potential: FederatedPotential | None = None
         self.plan = ChainPlan(1, None, None)

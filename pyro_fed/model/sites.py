@@ -35,6 +35,11 @@ from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
+from torch.distributions import biject_to
+
+#: half-width of the box of the unconstrained space where a site that cannot be sampled starts (Stan's and
+#: Pyro's :func:`~pyro.infer.autoguide.initialization.init_to_uniform` default)
+INITIAL_RADIUS = 2.0
 
 
 def without_validation(fn: torch.distributions.Distribution) -> torch.distributions.Distribution:
@@ -57,6 +62,32 @@ def without_validation(fn: torch.distributions.Distribution) -> torch.distributi
     # after the update: Pyro's Independent passes its flag on to its base_dist, which must be the copy
     fn._validate_args = False
     return fn
+
+
+def unconstrained_uniform(site: dict, radius: float = INITIAL_RADIUS) -> torch.Tensor:
+    """An initial value for the sample ``site`` that does not sample its distribution: uniform in
+    :math:`(-r, r)` on the unconstrained space of its support, mapped back (Stan's default initialisation).
+    For an improper prior (:class:`~pyro.distributions.ImproperUniform`, a flat prior on its support), which
+    cannot be sampled; in the default dtype and device, as the parameters of a prior written with Python
+    numbers (``dist.Normal(0.0, 1.0)``)."""
+    fn = site["fn"]
+    transform = biject_to(fn.support)
+    shape = transform.inv.forward_shape(fn.batch_shape + fn.event_shape)
+    return transform((torch.rand(shape) * 2 - 1) * radius).detach()
+
+
+def sampling_free(init_strategy: Callable) -> Callable:
+    """``init_strategy``, with :func:`unconstrained_uniform` for the sites whose distribution cannot be
+    sampled (Pyro's strategies, ``init_to_median`` or ``init_to_uniform``, all sample the prior first: an
+    improper flat prior raises ``NotImplementedError`` there). A site the strategy gives a value keeps it."""
+
+    def strategy(site: dict) -> torch.Tensor:
+        try:
+            return init_strategy(site)
+        except NotImplementedError:
+            return unconstrained_uniform(site)
+
+    return strategy
 
 
 class _WithoutValidation(Messenger):
@@ -168,7 +199,7 @@ class ModelSites:
 
     def draw_initial_trace(self) -> Trace:
         """A fresh run of the model with its latent values drawn by the init strategy."""
-        tracer = poutine.trace(InitMessenger(self.init_strategy)(self.model))
+        tracer = poutine.trace(InitMessenger(sampling_free(self.init_strategy))(self.model))
         try:
             return tracer.get_trace(*self.model_args, **self.model_kwargs)
         except Exception as error:

@@ -1,0 +1,159 @@
+"""Models as Stan users write them: flat (improper) priors on every support, through every kernel at its
+defaults, against exact posteriors; and the small regression whose noise scale the automatic minibatch
+once biased."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.distributions import constraints
+from pyro.infer import MCMC
+
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, SgldKernel, VrFaldKernel, convergence
+from pyro_fed.testing import batch_means_standard_error
+
+KERNELS = [FaldKernel, VrFaldKernel, QlsdKernel, DulaKernel, SgldKernel]
+Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+#: the accuracy the defaults promise (the posteriordb benchmark's targets): means within 0.2 posterior sd,
+#: sds within 15%; the tests add the Monte Carlo error of the draws to each
+MEAN_TARGET, SD_TARGET = 0.2, 0.15
+
+
+def flat(support, event_shape=()):
+    return dist.ImproperUniform(support, (), event_shape)
+
+
+def every_support(loc_data, scale_data, coin_data, category_data):
+    """One datum observes four independent things, each with a flat prior on its parameter's support, so
+    that the posterior factorises into four known laws: a normal mean (real), a normal scale (positive), a
+    Bernoulli probability (interval) and categorical probabilities (simplex)."""
+    loc = pyro.sample("loc", flat(constraints.real))
+    scale = pyro.sample("scale", flat(constraints.positive))
+    chance = pyro.sample("chance", flat(constraints.interval(0.0, 1.0)))
+    shares = pyro.sample("shares", flat(constraints.simplex, (3,)))
+    with pyro.plate("data", len(loc_data)) as idx:
+        pyro.sample("loc_data", dist.Normal(loc, 1.0), obs=loc_data[idx])
+        pyro.sample("scale_data", dist.Normal(0.0, scale), obs=scale_data[idx])
+        pyro.sample("coin_data", dist.Bernoulli(chance), obs=coin_data[idx])
+        pyro.sample("category_data", dist.Categorical(shares), obs=category_data[idx])
+
+
+def every_support_data(num_data=60):
+    g = torch.Generator().manual_seed(0)
+    return (
+        1.0 + torch.randn(num_data, generator=g),
+        2.0 * torch.randn(num_data, generator=g),
+        (torch.rand(num_data, generator=g) < 0.3).double(),
+        torch.multinomial(torch.tensor([0.2, 0.3, 0.5]), num_data, replacement=True, generator=g),
+    )
+
+
+def exact_every_support(data):
+    """Exact posterior means and sds of each coordinate (constrained) under the flat priors."""
+    loc_data, scale_data, coin_data, category_data = data
+    n = len(loc_data)
+    # loc ~ N(mean, 1/n); scale^2 ~ InvGamma((n - 1) / 2, S / 2) (flat in scale: sigma^-n exp(-S / 2 sigma^2))
+    shape, rate = (n - 1) / 2, float(scale_data.square().sum()) / 2
+    scale_mean = (rate**0.5) * torch.exp(
+        torch.lgamma(torch.tensor(shape - 0.5)) - torch.lgamma(torch.tensor(shape))
+    )
+    scale_sd = (rate / (shape - 1) - scale_mean**2) ** 0.5
+    # chance ~ Beta(1 + s, 1 + f); shares ~ Dirichlet(1 + counts)
+    beta = torch.distributions.Beta(1 + coin_data.sum(), 1 + n - coin_data.sum())
+    dirichlet = torch.distributions.Dirichlet(1 + torch.bincount(category_data, minlength=3).double())
+    return {
+        "loc": (loc_data.mean(), torch.tensor(n**-0.5)),
+        "scale": (scale_mean, scale_sd),
+        "chance": (beta.mean, beta.variance.sqrt()),
+        "shares": (dirichlet.mean, dirichlet.variance.sqrt()),
+    }
+
+
+def check_against_exact(chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor) -> None:
+    """Draws ``[C, S, ...]`` of C chains against the exact mean and sd: within the promised accuracy plus
+    ``Z`` Monte Carlo standard errors (batch means for the mean; 1 / sqrt(2 ESS) relative for the sd)."""
+    flat_draws = chains.reshape(-1, *chains.shape[2:])
+    se = torch.stack([batch_means_standard_error(c) for c in chains]).square().mean(0).sqrt()
+    se = se / len(chains) ** 0.5
+    assert ((flat_draws.mean(0) - mean).abs() <= MEAN_TARGET * sd + Z * se).all(), (flat_draws.mean(0), mean)
+    effective = convergence.ess_bulk(chains.reshape(*chains.shape[:2], -1).numpy()).min()
+    ratio = flat_draws.std(0) / sd
+    assert ((ratio - 1).abs() <= SD_TARGET + Z / (2 * effective) ** 0.5).all(), ratio
+
+
+def test_an_improper_site_starts_uniformly_in_its_unconstrained_box_and_nothing_samples_it():
+    from pyro.infer.autoguide.initialization import init_to_median
+
+    from pyro_fed.model.sites import INITIAL_RADIUS, sampling_free
+
+    strategy = sampling_free(init_to_median)
+    for support, event_shape in [
+        (constraints.real, (4,)),
+        (constraints.positive, ()),
+        (constraints.interval(-1.0, 3.0), (2,)),
+        (constraints.simplex, (3,)),
+    ]:
+        site = {"name": "x", "fn": flat(support, event_shape), "is_observed": False}
+        value = strategy(site)
+        assert value.shape == event_shape and bool(support.check(value).all())
+        unconstrained = torch.distributions.biject_to(support).inv(value)
+        assert (unconstrained.abs() <= INITIAL_RADIUS).all()
+    # a proper prior keeps the strategy's value (the median of a normal is its location)
+    assert strategy({"name": "x", "fn": dist.Normal(3.0, 1e-6), "is_observed": False}) == pytest.approx(3.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_type", KERNELS)
+def test_flat_priors_on_every_support_through_every_kernel_at_its_defaults(kernel_type):
+    # the kernel's default initialisation, mode search and warm-up: nothing samples the improper priors
+    data = every_support_data()
+    pyro.set_rng_seed(0)
+    kernel = kernel_type(every_support) if kernel_type is SgldKernel else kernel_type(every_support, 4)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=300, num_chains=2, disable_progbar=True)
+    mcmc.run(*data)
+    draws = mcmc.get_samples(group_by_chain=True)
+    for name, (mean, sd) in exact_every_support(data).items():
+        check_against_exact(draws[name], mean, sd)
+
+
+def flat_regression(x, y):
+    """A linear regression as a Stan program without prior statements writes it: flat priors on the
+    intercept, the coefficients and the noise scale."""
+    alpha = pyro.sample("alpha", flat(constraints.real))
+    beta = pyro.sample("beta", flat(constraints.real, (x.shape[1],)))
+    sigma = pyro.sample("sigma", flat(constraints.positive))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("y", dist.Normal(alpha + x[idx] @ beta, sigma), obs=y[idx])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_type", [FaldKernel, QlsdKernel])
+def test_the_noise_scale_of_a_small_regression_is_unbiased_at_the_defaults(kernel_type):
+    # 100 points and 5 predictors over 10 clients of 10 points (posteriordb's kidiq and earnings sizes):
+    # the noise probe once read every client whole, measured no minibatch noise, and the warm-up chose
+    # minibatches of one point, whose noise put sigma 0.35 sds too high. Under flat priors the posterior of
+    # sigma is exact: sigma^2 ~ InvGamma((N - p - 1) / 2, S / 2), p = 6 coefficients, S the residual sum of
+    # squares of least squares
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(100, 5, generator=g)
+    y = 0.7 + x @ torch.tensor([1.0, -0.5, 0.3, 0.0, 2.0]) + 1.3 * torch.randn(100, generator=g)
+    design = torch.cat([torch.ones(100, 1), x], 1)
+    residuals = y - design @ torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
+    shape, rate = (100 - 6 - 1) / 2, float(residuals.square().sum()) / 2
+    mean = rate**0.5 * torch.exp(torch.lgamma(torch.tensor(shape - 0.5)) - torch.lgamma(torch.tensor(shape)))
+    sd = (rate / (shape - 1) - mean**2) ** 0.5
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(
+        kernel_type(flat_regression, 10),
+        num_samples=1000,
+        warmup_steps=300,
+        num_chains=4,
+        disable_progbar=True,
+    )
+    mcmc.run(x, y)
+    check_against_exact(mcmc.get_samples(group_by_chain=True)["sigma"], mean, sd)
+
+
+def test_an_init_strategy_that_is_not_a_function_is_refused_by_name():
+    with pytest.raises(TypeError, match="init_strategy='median': give a Pyro init strategy"):
+        FaldKernel(flat_regression, 2, init_strategy="median")
