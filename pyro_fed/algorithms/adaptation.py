@@ -122,7 +122,8 @@ DENSE_DIMENSIONS = 200
 #: the share of the excess variance (``VARIANCE_TARGET``) that an automatic minibatch's noise may take (see
 #: :func:`choose_batch_size`)
 BATCH_NOISE_SHARE = 0.1
-#: the minibatch size at which the noise is measured to choose one (every other size is predicted from it)
+#: the largest minibatch size at which the noise is measured to choose one (every other size is predicted
+#: from it; see :func:`probe_batch_sizes`)
 PROBE_BATCH = 16
 #: iterations per draw chosen automatically, at most (see :func:`thinning_for`)
 MAX_THINNING = 100
@@ -467,7 +468,9 @@ def gradient_noise(profile: torch.Tensor, network) -> float:
     return float((network.sum(profile) if profile.shape[0] > 1 else profile[0]).max())
 
 
-def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool) -> torch.Tensor:
+def _finite_population(
+    client_sizes: torch.Tensor, batch: int | torch.Tensor, per_client: bool
+) -> torch.Tensor:
     r""":math:`N_i^2 (1/n_i - 1/N_i)`, :math:`n_i = \min(n, N_i)`: the factor of the variance of client
     :math:`i`'s minibatch estimate (:math:`N_i/n_i` times a sum of :math:`n_i` of its :math:`N_i` terms,
     drawn without replacement) over its terms' variance; ``[b]``, or summed (``[1]``) for an estimate of the
@@ -477,8 +480,22 @@ def _finite_population(client_sizes: torch.Tensor, batch: int, per_client: bool)
     return factor if per_client else factor.sum(0, keepdim=True)
 
 
+def probe_batch_sizes(client_sizes: torch.Tensor) -> torch.Tensor:
+    r"""The minibatch size of each client at which its gradient noise is measured: ``PROBE_BATCH`` points,
+    and at most half of its data, ``[b]``. A minibatch of all of a client's data is not random: it measures
+    no noise and predicts none at any smaller size (on clients of 16 points or fewer a common probe of 16
+    did so, and the warm-up chose a minibatch of one point whose noise biased the draws). With at most half,
+    every client of two points or more is measured; one of a single point has no minibatch noise at all."""
+    return (client_sizes // 2).clamp(min=1, max=PROBE_BATCH)
+
+
 def batch_noise(
-    full: torch.Tensor, probe: torch.Tensor, client_sizes: torch.Tensor, probe_batch: int, batch: int, network
+    full: torch.Tensor,
+    probe: torch.Tensor,
+    client_sizes: torch.Tensor,
+    probe_batch: int | torch.Tensor,
+    batch: int,
+    network,
 ) -> float:
     r"""The gradient noise :math:`\max_k \sum_i V_{ik}(n)` (as :func:`gradient_noise`) predicted at
     minibatch size ``batch`` from the noise profiles (:func:`noise_profile`) measured with full local batches
@@ -497,7 +514,7 @@ def choose_batch_size(
     full: torch.Tensor,
     probe: torch.Tensor,
     client_sizes: torch.Tensor,
-    probe_batch: int,
+    probe_batch: int | torch.Tensor,
     allowed: float,
     evaluations: int,
     network,

@@ -25,10 +25,12 @@ from ..engine.randomness import CLIENTS_PER_BLOCK, Randomness
 from .partition import pad_indices
 
 
-def client_batch_sizes(batch_size: int | float, client_sizes: torch.Tensor) -> torch.Tensor:
+def client_batch_sizes(batch_size: int | float | torch.Tensor, client_sizes: torch.Tensor) -> torch.Tensor:
     """Each client's minibatch size :math:`n_i` (``[b]``, integers) for ``batch_size`` points per client
-    (at most its :math:`N_i`) or a fraction of each client's data (:math:`\\lfloor f N_i \\rfloor`, at
-    least 1)."""
+    (at most its :math:`N_i`), a fraction of each client's data (:math:`\\lfloor f N_i \\rfloor`, at
+    least 1), or a tensor of one size per client (at most its :math:`N_i`; the warm-up's noise probe)."""
+    if isinstance(batch_size, torch.Tensor):
+        return torch.minimum(client_sizes, batch_size.to(client_sizes.device))
     if isinstance(batch_size, float):
         return (batch_size * client_sizes).floor().long().clamp(min=1)
     return client_sizes.clamp(max=batch_size)
@@ -38,8 +40,9 @@ class MinibatchSampler:
     """Draws the minibatch indices of every client of every chain for ``K`` iterations at once.
 
     :param client_indices: one LongTensor of data indices per client (``b`` of them).
-    :param batch_size: requested minibatch size (clients with fewer points use all of them), or a fraction
-        in ``(0, 1)`` of each client's data (at least one point).
+    :param batch_size: requested minibatch size (clients with fewer points use all of them), a fraction
+        in ``(0, 1)`` of each client's data (at least one point), or a LongTensor of one size per client of
+        the run (``[B]``, wherever the clients are held).
     :param int chunk_size: iterations per chunk ``K``.
     :param int num_chains: independent copies of the clients (chains), each with its own minibatches.
     :param rng: randomness: each client's sort keys are drawn from the generator of its block
@@ -58,7 +61,7 @@ class MinibatchSampler:
     def __init__(
         self,
         client_indices: Sequence[torch.Tensor],
-        batch_size: int | float,
+        batch_size: int | float | torch.Tensor,
         *,
         chunk_size: int,
         num_chains: int = 1,
@@ -81,7 +84,7 @@ class MinibatchSampler:
             self.blocks.append(
                 _BlockSampler(
                     client_indices[keep.start - held.start : keep.stop - held.start],
-                    batch_size,
+                    batch_size[first:last] if isinstance(batch_size, torch.Tensor) else batch_size,
                     chunk_size=chunk_size,
                     num_chains=num_chains,
                     generator=rng.block(number),
@@ -115,7 +118,7 @@ class _BlockSampler:
     def __init__(
         self,
         client_indices: Sequence[torch.Tensor],
-        batch_size: int | float,
+        batch_size: int | float | torch.Tensor,
         *,
         chunk_size: int,
         num_chains: int,

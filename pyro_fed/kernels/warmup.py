@@ -165,7 +165,10 @@ def _batch_and_noise(
             return None, 0.0, 0
         profile = _noise_profile(pot, sampler, seed, mode, points, root, batch)
         return batch, adaptation.gradient_noise(profile, pot.network), 1
-    sizes, probe = pot.client_sizes, min(adaptation.PROBE_BATCH, int(pot.all_client_sizes.max()))
+    # each client's probe, for all clients wherever they are held (the minibatch sampler's rule), and the
+    # held clients' own
+    sizes, probe = pot.client_sizes, adaptation.probe_batch_sizes(pot.all_client_sizes)
+    held_probe = probe[pot.network.held(len(probe))]
     full = None
     if sampler.random_at_full_batch:
         full = _noise_profile(pot, sampler, seed, mode, points, root, None)
@@ -173,10 +176,10 @@ def _batch_and_noise(
     full = torch.zeros_like(probed) if full is None else full
     allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
     batch = adaptation.choose_batch_size(
-        full, probed, sizes, probe, allowed, sampler.gradient_evaluations, pot.network
+        full, probed, sizes, held_probe, allowed, sampler.gradient_evaluations, pot.network
     )
     noise = adaptation.batch_noise(
-        full, probed, sizes, probe, batch or int(pot.all_client_sizes.max()), pot.network
+        full, probed, sizes, held_probe, batch or int(pot.all_client_sizes.max()), pot.network
     )
     return batch, noise, 1 + (sampler.random_at_full_batch or 0)
 

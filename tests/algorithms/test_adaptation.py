@@ -423,7 +423,8 @@ def cubic_model(y):
 @pytest.mark.parametrize("comm_prob", [1.0, 0.5])  # the stiffness of U / b, or the stiffest client's
 def test_the_stiffness_is_the_largest_at_the_mode_and_at_draws_of_the_laplace_approximation(comm_prob):
     y = torch.tensor([0.8, 1.3, 0.6, 1.1, 1.2, 0.9])
-    kernel = FaldKernel(cubic_model, 2, comm_prob=comm_prob, gradient_mode="traced")
+    # full local batches: exact gradients, so that the step is the stiffness's alone
+    kernel = FaldKernel(cubic_model, 2, comm_prob=comm_prob, gradient_mode="traced", batch_size="full")
     pyro.set_rng_seed(0)
     run(kernel, (y,), num_samples=2, warmup=0)
     chosen, pot = kernel.adaptation, kernel.potential
@@ -449,7 +450,8 @@ def test_the_pilot_runs_within_the_warm_up_and_checks_the_step_where_the_draws_g
     y = torch.tensor([0.8, 1.3, 0.6, 1.1, 1.2, 0.9])
     chosen = []
     for warmup in (0, 10):
-        kernel = FaldKernel(cubic_model, 2, thinning=3, gradient_mode="traced")
+        # full local batches: exact gradients, so that the step is the stiffness's alone
+        kernel = FaldKernel(cubic_model, 2, thinning=3, gradient_mode="traced", batch_size="full")
         pyro.set_rng_seed(0)
         run(kernel, (y,), num_samples=2, warmup=warmup)
         chosen.append(kernel.adaptation)

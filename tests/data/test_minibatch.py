@@ -94,3 +94,22 @@ def test_batch_size_as_a_fraction_of_each_client():
     assert (batches.datum_weights[1, 2:] == 0).all() and (batches.datum_weights[2, 1:] == 0).all()
     # client 2 draws one of its 3 points at a time, each epoch visiting all of them
     assert sorted(indices[0:3, 2, 0].tolist()) == [17, 18, 19]
+
+
+def test_a_size_per_client_is_each_clients_own_at_most_its_data():
+    # the warm-up's noise probe: half of each client's data, at most 16 (adaptation.probe_batch_sizes)
+    from pyro_fed.algorithms.adaptation import probe_batch_sizes
+
+    sizes = probe_batch_sizes(torch.tensor(SIZES))
+    assert sizes.tolist() == [5, 3, 1]
+    assert probe_batch_sizes(torch.tensor([1, 2, 40])).tolist() == [1, 1, 16]
+    drawn = sampler(batch_size=sizes)
+    indices, weights = drawn(), drawn.datum_weights
+    assert drawn.batch_sizes == [5, 3, 1]
+    # each client's minibatch holds distinct points of its own, weighted N_i / n_i (0 on the padding)
+    for client, (start, n, size) in enumerate(zip((0, 10, 17), (5, 3, 1), SIZES, strict=True)):
+        rows = indices[:, client, :n]
+        assert all(len(row.unique()) == n for row in rows)
+        assert rows.min() >= start and rows.max() < start + size
+        assert torch.equal(weights[client, :n], torch.full((n,), size / n))
+        assert (weights[client, n:] == 0).all()
