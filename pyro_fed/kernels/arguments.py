@@ -10,6 +10,8 @@ import warnings
 import numpy as np
 import torch
 
+from ..data.partition import integral
+
 
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -25,12 +27,17 @@ def check_positive(name: str, value) -> float:
 
 
 def check_positive_int(name: str, value, none_means: str | None = None) -> int | None:
+    """A positive integer of any integer type (a Python int, a NumPy integer, a 0-d integer tensor), as an
+    ``int``; ``None`` too when ``none_means`` says what it means. Floats (``2.5``, and ``1e3`` too) and bools
+    are refused, naming the argument and the value."""
     if value is None and none_means is not None:
         return None
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    found = integral(value)
+    if found is None or found < 1:
         alternative = f" or None ({none_means})" if none_means else ""
-        raise ValueError(f"{name} must be a positive integer{alternative}; got {value!r}.")
-    return int(value)
+        hint = f" Pass int({name}) if it holds a whole number." if _is_number(value) and found is None else ""
+        raise ValueError(f"{name} must be a positive integer{alternative}; got {value!r}.{hint}")
+    return found
 
 
 def check_probability(name: str, value, *, allow_zero: bool = False) -> float:
@@ -112,9 +119,14 @@ def check_batch_size_fits(batch_size, client_sizes: torch.Tensor) -> None:
 
 
 def check_checkpoint(path, every) -> tuple[str | None, int | None]:
-    """``checkpoint``: ``None`` or a file path (a string or ``os.PathLike``, not a directory), and
-    ``checkpoint_every``: ``None`` (the default interval) or a positive number of draws per chain, given only
-    with a path."""
+    """``checkpoint``: ``None`` or a file path (a string or ``os.PathLike``, not a directory) that can be
+    written, and ``checkpoint_every``: ``None`` (the default interval) or a positive number of draws per
+    chain, given only with a path.
+
+    The path is checked here, at construction, rather than at the first write after the warm-up: its folder
+    must be a folder this process may write in (``os.access``), or, when it does not exist yet (the first
+    write creates it), its nearest existing parent must be one. A path under a file (``"notes.txt/run.pt"``)
+    is refused."""
     if path is None:
         if every is not None:
             raise ValueError(
@@ -122,9 +134,38 @@ def check_checkpoint(path, every) -> tuple[str | None, int | None]:
                 "too, or leave checkpoint_every out."
             )
         return None, None
-    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+    if (
+        not isinstance(path, (str, os.PathLike))
+        or not isinstance(os.fspath(path), str)
+        or not os.fspath(path)
+    ):
         raise ValueError(f"checkpoint must be a file path (a str or os.PathLike) or None; got {path!r}.")
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(f"checkpoint={path!r} is a directory: give a file path in it, e.g. '{path}/run.pt'.")
+    _check_writable_folder(path)
     return path, check_positive_int("checkpoint_every", every, "a tenth of the run's draws")
+
+
+def _check_writable_folder(path: str) -> None:
+    """The folder of the checkpoint ``path``, or its nearest existing parent when the folder is still to be
+    created, is a folder this process may write in."""
+    folder = os.path.dirname(os.path.abspath(path))
+    existing = folder
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(
+            f"checkpoint={path!r} lies under {existing!r}, which is a file, not a folder: no checkpoint "
+            "can be written there. Give a path in a folder, e.g. 'run.pt' or 'checkpoints/run.pt'."
+        )
+    # os.access asks the kernel, which also answers for a read-only file system (for root too)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = f"its folder {folder!r}"
+        if existing != folder:
+            what = f"{existing!r}, where its folder {folder!r} would be made,"
+        raise ValueError(
+            f"checkpoint={path!r}: {what} is not writable by this process (read-only, or another user's): "
+            "the first checkpoint would fail after the warm-up. Give a path in a folder you can write to, or "
+            "change the folder's permissions."
+        )
