@@ -21,7 +21,9 @@ whose other entries are CPU tensors:
   (:meth:`~pyro_fed.engine.randomness.Randomness.state`);
 - ``network.<counter>``: ``uploaded_bits``, ``downloaded_bits`` and ``rounds`` per chain (the bytes this
   process sent, a number, are in ``meta``);
-- ``buffer.<name>``: the draws and their statistics (:meth:`~pyro_fed.engine.draws.DrawBuffer.state`).
+- ``buffer.<name>``: the draws and their statistics (:meth:`~pyro_fed.engine.draws.DrawBuffer.state`);
+- ``checksum``: the SHA-256 of all the others (:func:`checksum`), 32 bytes: a file whose contents changed
+  after it was written (a flipped bit on a disk, an edit) is refused as damaged, not served.
 
 The functions here are pure but for :func:`save` (which writes the file) and :func:`restore_run` (which
 refills the objects it is given); :class:`~pyro_fed.FederatedKernel` calls them.
@@ -45,8 +47,8 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms.adaptation import Adaptation
 
-#: the layout of the file: a checkpoint of another layout is refused
-FORMAT = 3
+#: the layout of the file: a checkpoint of another layout is refused (4: with a ``checksum``)
+FORMAT = 4
 #: tensors up to this many bytes are hashed whole in the fingerprint; larger ones by their float64 sum and
 #: ``SAMPLED_VALUES`` values spread over them (a cheap check, not a proof, that the data are the same)
 HASHED_BYTES = 2**26
@@ -77,6 +79,19 @@ def encode(value) -> torch.Tensor:
 def decode(tensor: torch.Tensor):
     """The value :func:`encode` wrote."""
     return json.loads(bytes(tensor.numpy()).decode())
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The SHA-256 of a checkpoint's tensors, as 32 ``uint8``: of each entry but ``checksum`` in the order
+    of their names, its name, dtype, shape and bytes."""
+    hashed = hashlib.sha256()
+    for name in sorted(tensors):
+        if name == "checksum":
+            continue
+        tensor = tensors[name].detach().cpu().contiguous()
+        hashed.update(f"{name}\0{tensor.dtype}\0{list(tensor.shape)}\0".encode())
+        hashed.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return torch.frombuffer(bytearray(hashed.digest()), dtype=torch.uint8)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -240,6 +255,7 @@ def capture(
     head.update({f"rng.{name}": value for name, value in runner.rng.state().items()})
     head.update({f"network.{name}": torch.from_numpy(getattr(network, name).copy()) for name in COUNTERS})
     head.update({f"buffer.{name}": value for name, value in buffer.state().items()})
+    head["checksum"] = checksum(head)
     return head
 
 
@@ -274,14 +290,34 @@ def load(path: str) -> dict[str, torch.Tensor]:
             f"the checkpoint at {path} could not be read ({type(error).__name__}: {error}): delete it, or "
             "pass another checkpoint path."
         ) from error
-    if not isinstance(tensors, dict) or "meta" not in tensors:
+    if (
+        not isinstance(tensors, dict)
+        or "meta" not in tensors
+        or not all(isinstance(value, torch.Tensor) for value in tensors.values())
+    ):
         raise ValueError(f"{path} is not a pyro_fed checkpoint: delete it, or pass another checkpoint path.")
-    meta = decode(tensors["meta"])
-    if meta.get("format") != FORMAT:
+    damaged = ValueError(
+        f"the checkpoint at {path} is damaged: its contents changed after it was written (its checksum "
+        "does not match them). Delete it to start afresh (or restore it from a copy)."
+    )
+    stored = tensors.get("checksum")
+    if stored is not None and not torch.equal(stored, checksum(tensors)):
+        raise damaged
+    try:
+        meta = decode(tensors["meta"])
+    except (ValueError, RuntimeError, TypeError) as error:  # UnicodeDecodeError is a ValueError
         raise ValueError(
-            f"the checkpoint at {path} has format {meta.get('format')!r}; this pyro_fed reads format "
+            f"the checkpoint at {path} could not be read (its description is not valid JSON: {error}): "
+            "delete it, or pass another checkpoint path."
+        ) from error
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(
+            f"the checkpoint at {path} has format {found!r}; this pyro_fed reads format "
             f"{FORMAT}: delete it, or pass another checkpoint path."
         )
+    if stored is None:  # this format is always written with its checksum
+        raise damaged
     return {**tensors, "meta": meta}
 
 

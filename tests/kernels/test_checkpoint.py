@@ -5,6 +5,7 @@ configuration is refused, naming what differs; the file holds tensors only."""
 import contextlib
 import inspect
 import os
+import re
 
 import numpy as np
 import pyro
@@ -273,3 +274,100 @@ def test_the_kernels_keep_their_signatures():
     # the constructor arguments kept for the fingerprint leave every kernel's signature as written
     assert {"comm_prob", "checkpoint", "checkpoint_every"} <= set(inspect.signature(FaldKernel).parameters)
     assert "control_variate" in inspect.signature(QlsdKernel).parameters
+
+
+def flip_a_bit_of_a_draw(path, draw):
+    """Flip the lowest bit of draw ``draw`` (chain 0's first coordinate, a float64) where the file stores
+    it; returns the file's bytes as they were."""
+    history = torch.load(path, weights_only=True)["buffer.history"]
+    untouched = path.read_bytes()
+    stored = history[draw].numpy().tobytes()
+    assert untouched.count(stored) == 1  # the draw's bytes are found once: those of the stored draw
+    damaged = bytearray(untouched)
+    damaged[untouched.index(stored)] ^= 1
+    path.write_bytes(bytes(damaged))
+    altered = torch.load(path, weights_only=True)["buffer.history"]  # torch reads it in silence
+    assert not torch.equal(altered, history) and torch.equal(altered[draw + 1 :], history[draw + 1 :])
+    return untouched
+
+
+def test_a_damaged_checkpoint_is_refused_and_an_untouched_one_resumes_bitwise(tmp_path):
+    path = tmp_path / "run.pt"
+    expected = results(run(KERNELS["FALD"]())[0])
+    interrupt(KERNELS["FALD"](checkpoint=path, checkpoint_every=5))
+    untouched = flip_a_bit_of_a_draw(path, 10)
+    with pytest.raises(
+        ValueError,
+        match=rf"the checkpoint at {re.escape(str(path))} is damaged: .* Delete it to start afresh",
+    ):
+        run(KERNELS["FALD"](checkpoint=path, checkpoint_every=5))
+    path.write_bytes(untouched)
+    mcmc, calls = run(KERNELS["FALD"](checkpoint=path, checkpoint_every=5))
+    assert calls == [16, 24, 32]
+    assert_bitwise_equal(results(mcmc), expected)
+    # a finished run's checkpoint, damaged, is not served either
+    flip_a_bit_of_a_draw(path, 35)
+    with pytest.raises(ValueError, match=rf"the checkpoint at {re.escape(str(path))} is damaged"):
+        run(KERNELS["FALD"](checkpoint=path, checkpoint_every=5))
+
+
+def test_a_checkpoint_of_the_format_before_or_without_its_checksum_is_refused(tmp_path):
+    path = tmp_path / "run.pt"
+    run(KERNELS["D-ULA"](checkpoint=path), num_samples=6)
+    contents = torch.load(path, weights_only=True)
+    assert torch.equal(contents["checksum"], checkpoint.checksum(contents))
+    del contents["checksum"]
+    torch.save(contents, tmp_path / "no_checksum.pt")
+    with pytest.raises(ValueError, match="no_checksum.pt is damaged"):
+        checkpoint.load(str(tmp_path / "no_checksum.pt"))
+    meta = checkpoint.decode(contents["meta"])
+    contents["meta"] = checkpoint.encode({**meta, "format": 3})  # as pyro_fed wrote before the checksum
+    torch.save(contents, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match=r"old.pt has format 3; this pyro_fed reads format 4: delete it"):
+        checkpoint.load(str(tmp_path / "old.pt"))
+
+
+def test_a_checkpoint_path_that_cannot_be_written_is_refused_at_construction(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a file, not a folder")
+    for under_a_file in (notes / "run.pt", notes / "runs" / "run.pt"):
+        with pytest.raises(
+            ValueError, match=rf"lies under '{re.escape(str(notes))}', which is a file, not a folder: .* Give"
+        ):
+            KERNELS["FALD"](checkpoint=under_a_file)
+    with pytest.raises(ValueError, match=r"checkpoint must be a file path .*; got ''"):
+        KERNELS["FALD"](checkpoint="")
+
+
+def test_a_checkpoint_in_a_folder_still_to_make_is_written_there(tmp_path):
+    path = tmp_path / "runs" / "today" / "run.pt"  # the first write makes the folders
+    run(KERNELS["D-ULA"](checkpoint=path), num_samples=6)
+    assert checkpoint.load(str(path))["meta"]["computed"] == 16
+
+
+def test_a_checkpoint_in_a_folder_not_writable_is_refused_at_construction(tmp_path, monkeypatch):
+    # os.access is what decides (the kernel's answer, read-only file systems included); here it says no
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    monkeypatch.setattr(os, "access", lambda where, mode: os.fspath(where) != str(folder))
+    with pytest.raises(
+        ValueError, match=rf"its folder '{re.escape(str(folder))}' is not writable by this process .* Give a"
+    ):
+        KERNELS["FALD"](checkpoint=folder / "run.pt")
+    new = re.escape(str(folder / "new"))
+    with pytest.raises(
+        ValueError, match=rf"'{re.escape(str(folder))}', where its folder '{new}' would be made"
+    ):
+        KERNELS["FALD"](checkpoint=folder / "new" / "run.pt")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder: there is no late error")
+def test_a_checkpoint_in_a_read_only_folder_is_refused_at_construction(tmp_path):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match="is not writable by this process"):
+            KERNELS["FALD"](checkpoint=folder / "run.pt")
+    finally:
+        folder.chmod(0o755)
