@@ -44,10 +44,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from ..data.partition import to_index_lists
+from ..data.partition import integral, to_index_lists
 from .base import Network
 
-__all__ = ["CENSUS_SECONDS", "DEFAULT_TIMEOUT_SECONDS", "TorchDistributedNetwork", "blocks", "join", "shard"]
+__all__ = [
+    "CENSUS_SECONDS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "ENVIRONMENT",
+    "TorchDistributedNetwork",
+    "blocks",
+    "join",
+    "shard",
+]
 
 #: seconds a rank waits for the others in a collective before failing: longer than a first compilation
 #: (tens of seconds) or a slow rank's set-up, so that the others wait for it rather than fail
@@ -55,6 +63,9 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 
 #: seconds a rank that lost a peer waits for the other survivors to say so too, to tell the lost ranks apart
 CENSUS_SECONDS = 2.0
+#: the environment variables that describe the process group to :func:`join` (``torchrun`` sets them)
+ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 #: the group store's keys of pyro_fed's fault reports
 _KEYS = "pyro_fed/faults"
 
@@ -426,11 +437,44 @@ def shard(clients, num_data: int, network: Network) -> tuple[torch.LongTensor, l
         >>> rows.tolist(), [ix.tolist() for ix in local]
         ([0, 1, 2, 3], [[1, 3], [0, 2]])
     """
+    _check_shard_arguments(clients, num_data, network)
     parts = to_index_lists(clients, num_data)
     held = parts[network.held(len(parts))]
     rows = torch.cat(held).sort().values
     # each held point's position among the loaded rows: rows is sorted and holds every held index
     return rows, [torch.searchsorted(rows, part) for part in held]
+
+
+def _check_shard_arguments(clients, num_data, network) -> None:
+    """:func:`shard`'s arguments are in their order (a network third, the number of data points second),
+    else a ``ValueError`` says which is where."""
+    if not isinstance(network, Network):
+        elsewhere = [n for n, v in (("clients", clients), ("num_data", num_data)) if isinstance(v, Network)]
+        if elsewhere:
+            raise ValueError(
+                f"shard(clients, num_data, network): the network was passed as {elsewhere[0]}, and "
+                f"{type(network).__name__} {_shown(network)} as network. Pass the arguments in this order: "
+                "shard(assignment, num_data, network), e.g. shard(clients, len(y), join())."
+            )
+        raise ValueError(
+            f"shard: network must be a pyro_fed Network (e.g. pyro_fed.distributed.join()); got "
+            f"{type(network).__name__} {_shown(network)}."
+        )
+    if integral(num_data) is None:
+        swapped = " (clients and num_data swapped?)" if integral(clients) is not None else ""
+        raise ValueError(
+            f"shard: num_data must be the number of data points N, an integer; got {type(num_data).__name__} "
+            f"{_shown(num_data)}{swapped}. Pass the arguments in this order: shard(assignment, num_data, "
+            "network), the assignment first (client ids [N], index tensors or a number of clients)."
+        )
+
+
+def _shown(value) -> str:
+    """A short description of an argument for an error message: a tensor or array by its shape."""
+    if isinstance(value, torch.Tensor) or hasattr(value, "shape"):
+        return f"of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def join(
@@ -449,8 +493,18 @@ def join(
         default, :data:`DEFAULT_TIMEOUT_SECONDS` (10 minutes), leaves time for a rank's first compilation
         (tens of seconds) while the others wait. Not applied to a group that is already initialized.
     :param bool ordered: see :class:`TorchDistributedNetwork`.
+    :raises RuntimeError: outside ``torchrun``, when the group is not initialized and some of
+        :data:`ENVIRONMENT` is not set, naming those missing.
     """
     if not dist.is_initialized():
+        missing = [name for name in ENVIRONMENT if name not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"join() joins the process group that torchrun describes, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set: run the script under torchrun (e.g. "
+                "torchrun --nproc-per-node=2 script.py), or set RANK, WORLD_SIZE, MASTER_ADDR and "
+                "MASTER_PORT in each process. For one process, leave the kernel's network out."
+            )
         if "nccl" in backend.lower():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         timeout = datetime.timedelta(seconds=timeout_seconds)

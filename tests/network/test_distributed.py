@@ -18,7 +18,7 @@ from pyro_fed.data.partition import iid, to_index_lists
 from pyro_fed.engine.compile import prepare
 from pyro_fed.network.base import held_finite
 from pyro_fed.network.compression import StochasticQuantizer
-from pyro_fed.network.distributed import TorchDistributedNetwork, blocks, shard
+from pyro_fed.network.distributed import ENVIRONMENT, TorchDistributedNetwork, blocks, join, shard
 from pyro_fed.network.graphs import make_graph
 from pyro_fed.network.in_process import InProcessNetwork
 
@@ -424,3 +424,49 @@ def test_a_fallback_on_one_rank_is_every_ranks():
         return prepared.mode, alone.mode
 
     assert run_forked(run, 2) == [("eager", "eager"), ("eager", "traced")]
+
+
+@pytest.mark.parametrize(
+    "unset, named",
+    [
+        (ENVIRONMENT, "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+        (("MASTER_PORT",), "MASTER_PORT is not set"),
+    ],
+)
+def test_join_outside_torchrun_names_what_is_missing(monkeypatch, unset, named):
+    # a one-process group, but for the variables unset
+    for name, value in zip(ENVIRONMENT, ("0", "1", "localhost", "29500"), strict=True):
+        monkeypatch.setenv(name, value)
+    for name in unset:
+        monkeypatch.delenv(name)
+    with pytest.raises(
+        RuntimeError, match=rf"torchrun describes, and {named}: run the script under torchrun"
+    ):
+        join()
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        (
+            (InProcessNetwork(), 4, torch.tensor([1, 0, 1, 0])),
+            r"the network was passed as clients, and Tensor",
+        ),
+        (
+            (torch.tensor([1, 0, 1, 0]), InProcessNetwork(), 4),
+            r"the network was passed as num_data, and int 4",
+        ),
+        (
+            (4, torch.tensor([1, 0, 1, 0]), InProcessNetwork()),
+            r"got Tensor of shape \(4,\) \(clients and num",
+        ),
+        ((torch.tensor([1, 0, 1, 0]), 4, "gloo"), r"network must be a pyro_fed Network .*; got str 'gloo'"),
+        (
+            (torch.tensor([1, 0, 1, 0]), 4.0, InProcessNetwork()),
+            r"num_data must be the number .*; got float 4\.0",
+        ),
+    ],
+)
+def test_shard_with_its_arguments_out_of_order_says_so(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        shard(*arguments)
