@@ -101,6 +101,9 @@ VARIANCE_TARGET = 0.1
 STEP_TARGET = 2 * VARIANCE_TARGET / (1 + VARIANCE_TARGET)
 #: curvatures below this fraction of the largest are raised to it (flat or non-convex directions)
 CURVATURE_FLOOR = 1e-8
+#: eigenvalues of a dense inverse mass below this fraction of the largest are raised to it when its square
+#: root is taken (rounding's, in float64; the matrix's own range can reach 1e12, see dense_preconditioner)
+ROOT_FLOOR = 1e-15
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
 DIRECTIONS_PER_PASS = 32
 #: :math:`T`: the pilot's length in the continuous time of the Langevin diffusion (see :func:`pilot_step`)
@@ -229,12 +232,22 @@ def floored_curvature(curvature: torch.Tensor) -> torch.Tensor:
 
 
 def dense_preconditioner(hessian: torch.Tensor) -> torch.Tensor:
-    r"""The dense inverse mass :math:`M = Q\, \mathrm{diag}(1 / |\lambda|)\, Q^\top` from the Hessian
-    :math:`H = Q\, \mathrm{diag}(\lambda)\, Q^\top` of :math:`U` (``[d, d]``), the eigenvalues floored as
-    in :func:`preconditioner` (a saddle's negative curvature is taken by its magnitude)."""
-    eigenvalues, vectors = torch.linalg.eigh(hessian)
-    inverse_mass = (vectors * preconditioner(eigenvalues)) @ vectors.T
-    return (inverse_mass + inverse_mass.T) / 2  # symmetric exactly, not up to rounding
+    r"""The dense inverse mass :math:`M = S\, \tilde Q\, \mathrm{diag}(1 / |\tilde\lambda|)\, \tilde Q^\top
+    S` from the Hessian :math:`H` of :math:`U` (``[d, d]``): :math:`S = \mathrm{diag}(m)^{1/2}` the diagonal
+    preconditioner's scales (:func:`preconditioner`) and :math:`\tilde H = S H S = \tilde Q\,
+    \mathrm{diag}(\tilde\lambda)\, \tilde Q^\top` the Hessian in the coordinates they scale, whose
+    eigenvalues are floored as in :func:`preconditioner` (a saddle's negative curvature is taken by its
+    magnitude). Computed in float64, returned in the Hessian's dtype.
+
+    Scaling first makes the floor relative to each coordinate's own curvature rather than to the stiffest
+    coordinate's: a regression on an uncentred predictor (years near 2000) has Hessian eigenvalues 1e12
+    apart, most of it the predictor's scale; floored on :math:`H` itself, its ridge kept a scale thousands
+    of times too small and the chains crawled along it."""
+    scales = preconditioner(hessian.diagonal().double()).sqrt()
+    scaled = scales[:, None] * hessian.double() * scales
+    eigenvalues, vectors = torch.linalg.eigh((scaled + scaled.T) / 2)
+    inverse_mass = scales[:, None] * ((vectors * preconditioner(eigenvalues)) @ vectors.T) * scales
+    return ((inverse_mass + inverse_mass.T) / 2).to(hessian.dtype)  # symmetric exactly, not up to rounding
 
 
 def preconditioned_curvatures(hessian: torch.Tensor, inverse_mass: torch.Tensor) -> torch.Tensor:
@@ -256,12 +269,13 @@ def square_root(inverse_mass: torch.Tensor) -> torch.Tensor:
     diagonal one, the symmetric root (``[d, d]``, by eigendecomposition) for a dense one."""
     if inverse_mass.dim() == 1:
         return inverse_mass.sqrt()
-    eigenvalues, vectors = torch.linalg.eigh(inverse_mass)
-    # eigenvalues that rounding made tiny or negative (a matrix of condition ~1e8 in float32) are raised to
-    # the floor of preconditioner(): a small but positive scale
-    floor = CURVATURE_FLOOR * float(eigenvalues.max())
+    # in float64: a dense preconditioner's eigenvalues can be 1e12 apart (see dense_preconditioner), beyond
+    # what a float32 decomposition resolves; eigenvalues that rounding made tiny or negative are raised to a
+    # small but positive scale
+    eigenvalues, vectors = torch.linalg.eigh(inverse_mass.double())
+    floor = ROOT_FLOOR * float(eigenvalues.max())
     root = (vectors * eigenvalues.clamp_min(floor).sqrt()) @ vectors.T
-    return (root + root.T) / 2
+    return ((root + root.T) / 2).to(inverse_mass.dtype)
 
 
 def whiten(root: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:

@@ -169,6 +169,31 @@ def test_dense_preconditioner_whitens_the_hessian_and_its_condition_number_is_me
     torch.testing.assert_close(adaptation.preconditioned_step(0.3, diagonal), 0.3 * diagonal)
 
 
+def uncentred_regression_hessian(years: torch.Tensor, noise_sd: float = 1.2) -> torch.Tensor:
+    """The Hessian of a regression of 62 yearly values on an intercept and the year (posteriordb's
+    kilpisjarvi): intercept and slope correlated near -1, eigenvalues about 1e12 apart."""
+    design = torch.stack([torch.ones_like(years), years], 1)
+    return design.T @ design / noise_sd**2
+
+
+def test_dense_preconditioner_of_an_uncentred_regression_is_its_inverse_hessian():
+    # floored on H itself (eigenvalues below 1e-8 of the largest raised), the ridge kept a scale thousands
+    # of times too small; in the coordinates the diagonal scales, its condition number is only ~1e5
+    hessian = uncentred_regression_hessian(torch.arange(3952.0, 4014.0, dtype=torch.float64))
+    eigenvalues = torch.linalg.eigvalsh(hessian)
+    assert eigenvalues[-1] / eigenvalues[0] > 1e11  # the ridge: beyond float32, and 1e-8 floors
+    dense = adaptation.dense_preconditioner(hessian)
+    torch.testing.assert_close(dense, torch.linalg.inv(hessian), rtol=1e-6, atol=0)
+    root = adaptation.square_root(dense)
+    torch.testing.assert_close(root @ hessian @ root, torch.eye(2, dtype=torch.float64), rtol=0, atol=1e-6)
+    # from a float32 Hessian (a float32 model's), float32 back, and the preconditioned curvatures within
+    # the few percent that float32's rounding of the Hessian's entries allows at this conditioning
+    single = adaptation.dense_preconditioner(hessian.float())
+    assert single.dtype == torch.float32
+    curvatures = adaptation.preconditioned_curvatures(hessian, single.double())
+    assert ((curvatures - 1).abs() < 0.05).all(), curvatures
+
+
 def test_typical_points_are_pulled_to_the_potential_level_of_posterior_draws():
     # U(x) = |x|^2 / 2 in d = 2: posterior draws sit at U - U(mode) ~ d/2 = 1, the level is 1 + 3 = 4
     def potentials(points):

@@ -1,6 +1,6 @@
-"""Models as Stan users write them: flat (improper) priors on every support, through every kernel at its
-defaults, against exact posteriors; and the small regression whose noise scale the automatic minibatch
-once biased."""
+"""Posteriors as users write them, through the kernels at their defaults against exact posteriors: flat
+(improper) priors on every support, the small regression whose noise scale the automatic minibatch once
+biased, and a regression on an uncentred predictor (a ridge of correlation near -1), in float32."""
 
 import pyro
 import pyro.distributions as dist
@@ -157,3 +157,36 @@ def test_the_noise_scale_of_a_small_regression_is_unbiased_at_the_defaults(kerne
 def test_an_init_strategy_that_is_not_a_function_is_refused_by_name():
     with pytest.raises(TypeError, match="init_strategy='median': give a Pyro init strategy"):
         FaldKernel(flat_regression, 2, init_strategy="median")
+
+
+def year_regression(years, y):
+    """posteriordb's kilpisjarvi with its noise scale known: a Gaussian posterior with a ridge."""
+    alpha = pyro.sample("alpha", dist.Normal(torch.tensor(9.3), 100.0))
+    beta = pyro.sample("beta", dist.Normal(torch.tensor(0.0), 1 / 30))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("y", dist.Normal(alpha + beta * years[idx], 1.2), obs=y[idx])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_type", [FaldKernel, QlsdKernel])
+def test_a_regression_on_an_uncentred_predictor_is_sampled_in_float32(kernel_type):
+    # years 3952-4013 as kilpisjarvi's: intercept and slope correlated -0.9999, Hessian eigenvalues 1e11
+    # apart. The dense preconditioner once floored that ridge at 1e-8 of the stiffest direction: R-hat 2,
+    # 5 effective draws of 4000. The exact posterior is Gaussian (known noise scale, normal priors)
+    g = torch.Generator().manual_seed(0)
+    years = torch.arange(3952.0, 4014.0)
+    y = 9.3 + 0.02 * (years - 3982) + 1.2 * torch.randn(62, generator=g)
+    design = torch.stack([torch.ones(62), years], 1)
+    precision = design.T @ design / 1.2**2 + torch.diag(torch.tensor([100.0**-2, 30.0**2]))
+    covariance = torch.linalg.inv(precision)
+    mean = covariance @ (design.T @ y / 1.2**2 + torch.tensor([9.3 / 100.0**2, 0.0]))
+    sd = covariance.diagonal().sqrt()
+    torch.set_default_dtype(torch.float32)  # the model's priors too (the fixture restores float64)
+    pyro.set_rng_seed(0)
+    kernel = kernel_type(year_regression, 10)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=300, num_chains=2, disable_progbar=True)
+    mcmc.run(years.float(), y.float())
+    draws = mcmc.get_samples(group_by_chain=True)
+    assert draws["alpha"].dtype == torch.float32
+    for k, name in enumerate(["alpha", "beta"]):
+        check_against_exact(draws[name].double(), mean[k], sd[k])
