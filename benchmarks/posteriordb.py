@@ -1,0 +1,449 @@
+r"""Every kernel at its defaults, and Pyro's NUTS on the pooled data, against posteriordb's reference
+posteriors.
+
+What is measured
+----------------
+posteriordb (``stan-dev/posteriordb``, BSD 3-Clause) holds Stan programs, their data and reference draws
+(10 chains of 1,000 draws of Stan's NUTS, thinned by 10 from 10,000 each). ``benchmarks/posteriordb/``
+ships, for 21 of its posteriors whose likelihood is a sum over data points, the data fields the programs
+read and the reference's mean, sd and effective sample size per parameter, with the Stan programs and the
+licence (``benchmarks/posteriordb/README.md``); ``benchmarks/posteriordb/models.py`` writes each program in
+Pyro as it is written in Stan: a parameter without a prior statement keeps Stan's flat prior
+(:class:`~pyro.distributions.ImproperUniform` on its support), the data-point terms are in
+``pyro.plate("data", N)`` and read the data through :func:`pyro.subsample`. Nothing is downloaded.
+
+Each posterior is sampled, in one run, by
+
+- every kernel at its defaults on an i.i.d. split into 10 clients, ``Kernel(model, 10)``: FALD, VR-FALD⋆,
+  QLSD (``QlsdKernel(model, 10)``: its defaults are no quantisation and no control variate, LSD in the
+  paper's terms), D-ULA (its default ring); with ``--kernels``, also QLSD++ (``control_variate="svrg"``)
+  and SGLD (``SgldKernel(model)``, one client, the pooled data);
+- Pyro's ``NUTS`` on the pooled data, with a dense mass matrix (``full_mass=True``: the kernels' default
+  preconditioner is dense where correlations would slow them more than 4×, so a diagonal NUTS would be the
+  easier reference; several of these posteriors correlate their intercept and slope beyond 0.99) and
+  otherwise Pyro's defaults. Pyro's default starts sample the prior, which an improper prior cannot do, so
+  NUTS starts where Stan starts: uniform on ``(-2, 2)`` in the unconstrained space
+  (:func:`init_to_stan_uniform`). Its chains run one after the other, each in its own ``MCMC`` (Pyro runs
+  several CPU chains in parallel processes, whose wall time would not be single-threaded); its time is the
+  sum of theirs.
+
+Every sampler runs ``--chains`` chains of ``--warmup`` warm-up and ``--samples`` draws (the issue's set-up:
+4 × (500 + 1,000)), in ``--dtype`` (default ``float32``), on one torch thread. The draws are compared with
+the reference on the constrained scale, per Stan parameter :math:`j`:
+
+- ``mean err`` :math:`= \max_j |\hat\mu_j - \mu_j| / \sigma_j` (the reference's mean and sd);
+- ``sd ratio``: the ratio :math:`\hat\sigma_j / \sigma_j` farthest from 1;
+- ``R-hat``: the largest rank-normalised split R-hat (ArviZ); ``ESS``: the smallest bulk ESS (ArviZ);
+- ``ESS/s``: ``ESS`` over the wall time of ``mcmc.run`` (warm-up, adaptation and compilation included), and
+  its ratio to NUTS's on the same posterior.
+
+A sampler passes a posterior when, for every parameter, :math:`|\hat\mu_j - \mu_j| / \sigma_j \le 0.2 + 3
+\sqrt{r_j^2 / E_j + 1 / E^{ref}_j}` and :math:`|\hat\sigma_j / \sigma_j - 1| \le 0.15 + 3 \sqrt{1/(2E_j) +
+1/(2E^{ref}_j)}` (:math:`E_j`, :math:`E^{ref}_j` the bulk ESS of the run and of the reference, :math:`r_j`
+the sd ratio: three Monte Carlo standard errors of the difference, the sd's taken as a normal's, :math:`\sigma
+/ \sqrt{2E}`), and every R-hat is at most 1.05. A run that raises fails, and its row says with what.
+
+Run::
+
+    python benchmarks/posteriordb.py                 # every posterior and sampler, 4 x (500 + 1000)
+    python benchmarks/posteriordb.py --quick         # smoke run: 2 posteriors, 2 x (50 + 100)
+    python benchmarks/posteriordb.py --posteriors arK-arK,sblri-blr --kernels FALD,NUTS --samples 500
+
+Results: ``benchmarks/results/posteriordb{,_quick}.{md,json}`` (``--out`` changes the folder); a run of
+some posteriors or samplers writes only its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pyro
+import torch
+from pyro.distributions.transforms import biject_to
+from pyro.infer import MCMC, NUTS
+
+import pyro_fed
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = HERE / "posteriordb"
+sys.path.insert(0, str(SHIPPED))
+from models import POSTERIORS, Posterior, stan_site  # noqa: E402 (the shipped models sit beside this script)
+
+#: the targets: mean within 0.2 reference sd, sd within 15%, R-hat at most 1.05
+MEAN_TARGET, SD_TARGET, RHAT_TARGET = 0.2, 0.15, 1.05
+#: Monte Carlo standard errors added to the mean and sd targets
+MC_ERRORS = 3.0
+#: clients of the i.i.d. split every federated kernel gets
+CLIENTS = 10
+#: the two posteriors of ``--quick``: a flat-prior regression and the AR(5)
+QUICK = ("kidiq-kidscore_momhs", "arK-arK")
+
+#: the samplers, each at its defaults (``NUTS`` is run by :func:`run_nuts`)
+KERNELS: dict[str, Callable] = {
+    "FALD": lambda model: pyro_fed.FaldKernel(model, CLIENTS),
+    "VR-FALD*": lambda model: pyro_fed.VrFaldKernel(model, CLIENTS),
+    "QLSD": lambda model: pyro_fed.QlsdKernel(model, CLIENTS),
+    "QLSD++": lambda model: pyro_fed.QlsdKernel(model, CLIENTS, control_variate="svrg"),
+    "D-ULA": lambda model: pyro_fed.DulaKernel(model, CLIENTS),
+    "SGLD": lambda model: pyro_fed.SgldKernel(model),
+}
+SAMPLERS = (*KERNELS, "NUTS")
+#: those of a run without ``--kernels``: the federated kernels (QLSD++ is QLSD with one option set, SGLD the
+#: one-client reference: both with ``--kernels``) and NUTS
+DEFAULT_SAMPLERS = ("FALD", "VR-FALD*", "QLSD", "D-ULA", "NUTS")
+
+
+# --------------------------------------------------------------------------------------------- inputs
+def load(name: str, dtype: torch.dtype = torch.float32) -> tuple[Posterior, tuple[torch.Tensor, ...], dict]:
+    """The posterior ``name``: its registry entry, the model's arguments in ``dtype`` and the reference
+    summary (``{stan parameter: {"mean", "sd", "ess_bulk", ...}}``), from the shipped files."""
+    posterior = POSTERIORS[name]
+    data = json.loads((SHIPPED / "data" / f"{posterior.data_name}.json").read_text())
+    reference = json.loads((SHIPPED / "reference" / f"{name}.json").read_text())["parameters"]
+    return posterior, posterior.tensors(data, dtype), reference
+
+
+def init_to_stan_uniform(site: dict | None = None, radius: float = 2.0):
+    """Stan's default start: uniform on ``(-radius, radius)`` in the unconstrained space, mapped to the
+    support. Unlike :func:`~pyro.infer.autoguide.init_to_uniform` it never samples the site's distribution
+    (an :class:`~pyro.distributions.ImproperUniform` cannot), only reads its support and shape."""
+    if site is None:
+        return functools.partial(init_to_stan_uniform, radius=radius)
+    fn = site["fn"]
+    transform = biject_to(fn.support)
+    shape = transform.inverse_shape(fn.batch_shape + fn.event_shape)
+    unconstrained = torch.rand(shape) * (2 * radius) - radius
+    return transform(unconstrained).detach()
+
+
+# ------------------------------------------------------------------------------------------ measuring
+def draws(mcmc: MCMC, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{stan parameter: [chains, draws]}`` from a run's constrained draws."""
+    samples = mcmc.get_samples(group_by_chain=True)
+    out = {}
+    for name in names:
+        site, index = stan_site(name)
+        value = samples[site]
+        value = value if index is None else value.reshape(*value.shape[:2], -1)[..., index]
+        out[name] = value.double().numpy()
+    return out
+
+
+def compare(values: dict[str, np.ndarray], reference: dict) -> dict:
+    """Every parameter's errors against the reference, the worst ones, and the checks failed."""
+    per = {}
+    failed = []
+    for name, v in values.items():
+        ref = reference[name]
+        mean_err = (v.mean() - ref["mean"]) / ref["sd"]
+        sd_ratio = v.std(ddof=1) / ref["sd"]
+        ess = float(az.ess(v, method="bulk"))
+        rhat = float(az.rhat(v))
+        mean_tol = MEAN_TARGET + MC_ERRORS * math.sqrt(sd_ratio**2 / ess + 1 / ref["ess_bulk"])
+        sd_tol = SD_TARGET + MC_ERRORS * math.sqrt(1 / (2 * ess) + 1 / (2 * ref["ess_bulk"]))
+        per[name] = {
+            "mean_err": float(mean_err),
+            "mean_tol": mean_tol,
+            "sd_ratio": float(sd_ratio),
+            "sd_tol": sd_tol,
+            "ess": ess,
+            "rhat": rhat,
+        }
+        if not abs(mean_err) <= mean_tol:  # written so that a NaN fails
+            failed.append(f"mean {name} {mean_err:+.2f} sd (tolerance {mean_tol:.2f})")
+        if not abs(sd_ratio - 1) <= sd_tol:
+            failed.append(f"sd {name} x{sd_ratio:.2f} (tolerance {sd_tol:.2f})")
+        if not rhat <= RHAT_TARGET:
+            failed.append(f"R-hat {name} {rhat:.3f}")
+    worst_mean = max(
+        per, key=lambda k: abs(per[k]["mean_err"]) if np.isfinite(per[k]["mean_err"]) else np.inf
+    )
+    worst_sd = max(
+        per, key=lambda k: abs(per[k]["sd_ratio"] - 1) if np.isfinite(per[k]["sd_ratio"]) else np.inf
+    )
+    return {
+        "mean_err": abs(per[worst_mean]["mean_err"]),
+        "mean_err_param": worst_mean,
+        "sd_ratio": per[worst_sd]["sd_ratio"],
+        "sd_ratio_param": worst_sd,
+        "rhat": max(p["rhat"] for p in per.values()),
+        "ess": min(p["ess"] for p in per.values()),
+        "failed": failed,
+        "passes": not failed,
+        "parameters": per,
+    }
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def run_nuts(model, args, chains: int, warmup: int, samples: int, seed: int) -> tuple[list[MCMC], float]:
+    """NUTS on the pooled data: ``chains`` single-chain runs one after the other, and their total time."""
+    runs, seconds = [], 0.0
+    for chain in range(chains):
+        pyro.set_rng_seed(seed + chain)
+        # max_plate_nesting given: Pyro would otherwise find it by running the model with its priors
+        # sampled, which an improper prior cannot do; the models here have one plate
+        kernel = NUTS(
+            model,
+            full_mass=True,
+            init_strategy=init_to_stan_uniform,
+            max_plate_nesting=1,
+            jit_compile=True,
+            ignore_jit_warnings=True,
+        )
+        mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=1, disable_progbar=True)
+        start = time.perf_counter()
+        mcmc.run(*args)
+        seconds += time.perf_counter() - start
+        runs.append(mcmc)
+    return runs, seconds
+
+
+def run_one(
+    name: str, sampler: str, *, chains: int, warmup: int, samples: int, dtype: torch.dtype, seed: int = 0
+) -> dict:
+    """One row: the sampler ``sampler`` on the posterior ``name``, compared with the reference. Never
+    raises for the sampler's sake: an exception becomes a failed row with its type and first line."""
+    row = {"posterior": name, "sampler": sampler}
+    caught = []
+    try:
+        posterior, args, reference = load(name, dtype)
+        row["parameters_compared"] = len(reference)
+        row["N"] = int(args[0].shape[0])  # every model's first argument has a row per data point
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if sampler == "NUTS":
+                runs, seconds = run_nuts(posterior.model, args, chains, warmup, samples, seed)
+                per_chain = [draws(run, reference) for run in runs]
+                values = {k: np.concatenate([c[k] for c in per_chain], 0) for k in reference}
+                row["divergences"] = sum(
+                    len(v) for run in runs for v in run.diagnostics()["divergences"].values()
+                )
+            else:
+                kernel = KERNELS[sampler](posterior.model)
+                mcmc = MCMC(
+                    kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True
+                )
+                pyro.set_rng_seed(seed)
+                start = time.perf_counter()
+                mcmc.run(*args)
+                seconds = time.perf_counter() - start
+                values = draws(mcmc, reference)
+                row.update(kernel_choices(kernel, mcmc))
+        row.update(compare(values, reference))
+        row["seconds"] = seconds
+        row["ess_per_s"] = row["ess"] / seconds
+        row["error"] = None
+    except Exception as error:  # a crash is a result: recorded, and the benchmark goes on
+        row.update(passes=False, error=_first_line(error), traceback=traceback.format_exc(limit=-6))
+    row["warnings"] = sorted({str(w.message).splitlines()[0][:200] for w in caught})
+    return row
+
+
+def kernel_choices(kernel, mcmc: MCMC) -> dict:
+    """What the kernel's warm-up chose, and its end-of-run checks (what exists of them)."""
+    out = {}
+    for key, attribute in (
+        ("step_size", "current_step_size"),
+        ("batch_size", "current_batch_size"),
+        ("thinning", "current_thinning"),
+    ):
+        value = getattr(kernel, attribute, None)
+        out[key] = value if value is None or isinstance(value, (int, float)) else str(value)
+    adaptation = getattr(kernel, "adaptation", None)
+    if adaptation is not None:
+        out["preconditioner"] = "dense" if adaptation.preconditioner.dim() == 2 else "diagonal"
+    try:
+        diagnostics = mcmc.diagnostics()
+        out["divergences"] = sum(len(v) for v in diagnostics["divergences"].values())
+        out["end_of_run_problems"] = diagnostics["convergence"]["chain 0"]["problems"]
+    except (KeyError, TypeError, AttributeError):
+        pass  # a kernel without them
+    return out
+
+
+def run_benchmark(
+    posteriors: Sequence[str],
+    samplers: Sequence[str],
+    *,
+    chains: int,
+    warmup: int,
+    samples: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    echo: bool = False,
+) -> list[dict]:
+    """Every ``samplers`` × ``posteriors`` row (:func:`run_one`), with each row's ESS/s ratio to NUTS's on
+    its posterior when NUTS ran and did not fail. NUTS runs first on each posterior."""
+    rows = []
+    order = sorted(samplers, key=lambda s: s != "NUTS")
+    for name in posteriors:
+        these = []
+        for sampler in order:
+            row = run_one(
+                name, sampler, chains=chains, warmup=warmup, samples=samples, dtype=dtype, seed=seed
+            )
+            these.append(row)
+            if echo:
+                print(
+                    json.dumps({k: v for k, v in row.items() if k not in ("parameters", "traceback")}),
+                    flush=True,
+                )
+        nuts = next((r for r in these if r["sampler"] == "NUTS" and r.get("error") is None), None)
+        for row in these:
+            if nuts is not None and row.get("error") is None:
+                row["ess_per_s_ratio"] = row["ess_per_s"] / nuts["ess_per_s"]
+        rows += sorted(these, key=lambda r: SAMPLERS.index(r["sampler"]))
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- output
+def table(rows: list[dict], header: str) -> str:
+    """The markdown of the results."""
+    lines = [
+        header,
+        "",
+        "| posterior | sampler | passes | mean err (param) | sd ratio (param) | R-hat | min ESS | s | ESS/s "
+        "| ×NUTS | failed checks, or error |",
+        "|---|---|:-:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r.get("error") is not None:
+            cells = [r["posterior"], r["sampler"], "NO", "", "", "", "", "", "", "", f"**{r['error']}**"]
+        else:
+            ratio = r.get("ess_per_s_ratio")
+            cells = [
+                r["posterior"],
+                r["sampler"],
+                "yes" if r["passes"] else "NO",
+                f"{r['mean_err']:.2f} ({r['mean_err_param']})",
+                f"{r['sd_ratio']:.2f} ({r['sd_ratio_param']})",
+                f"{r['rhat']:.3f}",
+                f"{r['ess']:.0f}",
+                f"{r['seconds']:.1f}",
+                f"{r['ess_per_s']:.3g}",
+                "" if ratio is None else f"{ratio:.2f}",
+                "; ".join(r["failed"]),
+            ]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    lines += [
+        "",
+        "Per sampler:",
+        "",
+        "| sampler | passes | errors | median ×NUTS (min, max) |",
+        "|---|---:|---:|---|",
+    ]
+    for sampler in dict.fromkeys(r["sampler"] for r in rows):
+        mine = [r for r in rows if r["sampler"] == sampler]
+        ratios = [r["ess_per_s_ratio"] for r in mine if r.get("ess_per_s_ratio") is not None]
+        spread = f"{np.median(ratios):.2f} ({min(ratios):.2f}, {max(ratios):.2f})" if ratios else ""
+        errors = sum(r.get("error") is not None for r in mine)
+        lines.append(f"| {sampler} | {sum(r['passes'] for r in mine)}/{len(mine)} | {errors} | {spread} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(QUICK)}, tiny chains")
+    parser.add_argument("--posteriors", help="comma-separated posteriordb names (default: all shipped)")
+    parser.add_argument("--kernels", help=f"comma-separated samplers of {list(SAMPLERS)}")
+    parser.add_argument("--chains", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--samples", type=int)
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    posteriors = args.posteriors.split(",") if args.posteriors else list(QUICK if args.quick else POSTERIORS)
+    samplers = args.kernels.split(",") if args.kernels else list(DEFAULT_SAMPLERS)
+    for option, chosen, known in (("posteriors", posteriors, POSTERIORS), ("kernels", samplers, SAMPLERS)):
+        unknown = sorted(set(chosen) - set(known))
+        if unknown:
+            parser.error(f"--{option}: unknown {unknown}; there are {list(known)}")
+    sizes = (2, 50, 100) if args.quick else (4, 500, 1000)
+    chains, warmup, samples = (
+        given or size for given, size in zip((args.chains, args.warmup, args.samples), sizes, strict=True)
+    )
+    dtype = getattr(torch, args.dtype)
+    threads, default_dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(dtype)  # the kernels' own tensors (steps, noise) in the same precision
+    started = time.perf_counter()
+    try:
+        rows = run_benchmark(
+            posteriors,
+            samplers,
+            chains=chains,
+            warmup=warmup,
+            samples=samples,
+            dtype=dtype,
+            seed=args.seed,
+            echo=True,
+        )
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(default_dtype)
+    info = {
+        "chains": chains,
+        "warmup": warmup,
+        "samples": samples,
+        "dtype": args.dtype,
+        "clients": CLIENTS,
+        "seed": args.seed,
+        "wall_seconds": time.perf_counter() - started,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "machine": platform.machine(),
+        "threads": 1,
+        "posteriordb": json.loads((SHIPPED / "SOURCE.json").read_text())["commit"],
+    }
+    command = "python benchmarks/posteriordb.py" + ("" if argv is None else " " + " ".join(argv))
+    if argv is None:
+        command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:])
+    header = "\n".join(
+        [
+            "# posteriordb: every kernel at its defaults and NUTS against Stan's reference posteriors",
+            "",
+            f"Written by `{command.strip()}` (see its docstring). {len(posteriors)} posteriors of "
+            f"posteriordb {info['posteriordb'][:7]}; each sampler {chains} chains × ({warmup} warm-up + "
+            f"{samples} draws), {args.dtype}, one CPU thread; the kernels on an i.i.d. split into {CLIENTS} "
+            "clients, NUTS (dense mass matrix, chains one after the other) on the pooled data. Passes: every "
+            f"parameter's mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte Carlo standard errors "
+            "(MCSE = sd / sqrt(bulk ESS), of the run and of the reference), its sd within "
+            f"{SD_TARGET:.0%} + {MC_ERRORS:g} × sqrt(1/(2 ESS) + 1/(2 ESS_ref)), every R-hat ≤ "
+            f"{RHAT_TARGET}. "
+            "`mean err`: the worst |mean − ref| / ref sd; `sd ratio`: the sd / ref sd farthest from 1; "
+            "`min ESS`: the smallest bulk ESS; `s`: the wall time of the run (warm-up and compilation "
+            "included); `×NUTS`: ESS/s over NUTS's on the same posterior. Wall time of the whole "
+            f"benchmark: {info['wall_seconds'] / 60:.0f} min.",
+        ]
+    )
+    text = table(rows, header)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "posteriordb_quick" if args.quick else "posteriordb"
+    (args.out / f"{stem}.json").write_text(
+        json.dumps({"rows": rows, "info": info}, indent=1, default=str) + "\n"
+    )
+    (args.out / f"{stem}.md").write_text(text)
+    print(text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

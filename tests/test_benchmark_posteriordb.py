@@ -1,0 +1,174 @@
+"""Smoke test of benchmarks/posteriordb.py: the shipped posteriors' models, one translation checked against
+its Stan program by hand, and the harness's rows at a tiny size."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.distributions import Unit
+from pyro.poutine.util import site_is_subsample
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    spec = importlib.util.spec_from_file_location("posteriordb_benchmark", BENCHMARKS / "posteriordb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(BENCHMARKS / "posteriordb"))  # the harness puts its models' folder first
+
+
+def test_shipped_files_and_licence(harness):
+    shipped = BENCHMARKS / "posteriordb"
+    assert len(harness.POSTERIORS) >= 15
+    assert "BSD 3-Clause" in (shipped / "LICENCE.md").read_text()
+    assert json.loads((shipped / "SOURCE.json").read_text())["commit"].startswith("28f8d3d")
+    for name, posterior in harness.POSTERIORS.items():
+        assert (shipped / "stan" / f"{posterior.stan_model}.stan").exists()
+        reference = json.loads((shipped / "reference" / f"{name}.json").read_text())["parameters"]
+        for stats in reference.values():
+            assert stats["sd"] > 0 and stats["ess_bulk"] > 1000
+
+
+def test_every_model_traces_on_its_data(harness):
+    """Each model runs on its shipped data with every Stan parameter as a site of the right size, the
+    observed data in the plate "data", and a finite log density at the reference mean."""
+    for name in harness.POSTERIORS:
+        posterior, args, reference = harness.load(name, torch.float64)
+        means: dict[str, dict] = {}  # site: {index: the reference mean}
+        for stan_name, stats in reference.items():
+            site, index = harness.stan_site(stan_name)
+            means.setdefault(site, {})[index] = stats["mean"]
+        values = {
+            site: torch.tensor(m[None] if None in m else [m[i] for i in range(len(m))], dtype=torch.float64)
+            for site, m in means.items()
+        }
+        trace = poutine.trace(poutine.condition(posterior.model, data=values)).get_trace(*args)
+        sites = {k: s for k, s in trace.nodes.items() if s["type"] == "sample" and not site_is_subsample(s)}
+        # the parameters (conditioned here, so marked observed): the sites outside the plate but factors
+        latent = {
+            k
+            for k, s in sites.items()
+            if not any(f.name == "data" for f in s["cond_indep_stack"]) and not isinstance(s["fn"], Unit)
+        }
+        assert latent == set(means), name
+        plated = [s for s in sites.values() if any(f.name == "data" for f in s["cond_indep_stack"])]
+        assert plated and plated[0]["value"].shape[0] == args[0].shape[0], name
+        assert math.isfinite(float(trace.log_prob_sum())), name
+
+
+def stan_kidscore_momhs(kid_score, mom_hs, beta, sigma):
+    """The log density of Stan's kidscore_momhs, by hand (up to a constant): ``sigma ~ cauchy(0, 2.5)``,
+    ``kid_score ~ normal(beta[1] + beta[2] * mom_hs, sigma)``, ``beta`` flat."""
+    mu = beta[0] + beta[1] * mom_hs
+    likelihood = np.sum(-np.log(sigma) - 0.5 * ((kid_score - mu) / sigma) ** 2)
+    return likelihood - np.log1p((sigma / 2.5) ** 2)
+
+
+def stan_low_dim_gauss_mix(y, mu, sigma, theta):
+    """Stan's low_dim_gauss_mix by hand (up to a constant)."""
+    prior = -0.5 * np.sum((np.asarray(mu) / 2) ** 2) - 0.5 * np.sum((np.asarray(sigma) / 2) ** 2)
+    prior += 4 * np.log(theta) + 4 * np.log(1 - theta)  # beta(5, 5)
+    parts = [
+        w * np.exp(-0.5 * ((y - m) / s) ** 2) / s
+        for w, m, s in zip((theta, 1 - theta), mu, sigma, strict=True)
+    ]
+    return prior + np.sum(np.log(parts[0] + parts[1]))
+
+
+@pytest.mark.parametrize(
+    "name, points, by_hand",
+    [
+        (
+            "kidiq-kidscore_momhs",
+            [{"beta": [78.0, 11.5], "sigma": 19.8}, {"beta": [70.0, 15.0], "sigma": 25.0}],
+            lambda data, p: stan_kidscore_momhs(
+                np.array(data["kid_score"]), np.array(data["mom_hs"]), p["beta"], p["sigma"]
+            ),
+        ),
+        (
+            "low_dim_gauss_mix-low_dim_gauss_mix",
+            [
+                {"mu": [-2.7, 2.9], "sigma": [1.0, 1.1], "theta": 0.62},
+                {"mu": [-1.0, 0.5], "sigma": [2.0, 0.7], "theta": 0.3},
+            ],
+            lambda data, p: stan_low_dim_gauss_mix(np.array(data["y"]), p["mu"], p["sigma"], p["theta"]),
+        ),
+    ],
+)
+def test_translation_matches_the_stan_program(harness, name, points, by_hand):
+    """The Pyro model's log density (constrained scale, as Stan's ``target`` without Jacobians) differs
+    from the hand-written one by the same constant at two points."""
+    posterior, args, _ = harness.load(name, torch.float64)
+    data = json.loads((BENCHMARKS / "posteriordb" / "data" / f"{posterior.data_name}.json").read_text())
+    differences = []
+    for point in points:
+        values = {k: torch.tensor(v, dtype=torch.float64) for k, v in point.items()}
+        trace = poutine.trace(poutine.condition(posterior.model, data=values)).get_trace(*args)
+        differences.append(float(trace.log_prob_sum()) - by_hand(data, point))
+    assert differences[0] == pytest.approx(differences[1], abs=1e-6)
+
+
+def test_stan_start_never_samples_an_improper_prior(harness):
+    site = {"fn": pyro.distributions.ImproperUniform(pyro.distributions.constraints.ordered_vector, (), (3,))}
+    value = harness.init_to_stan_uniform(site)
+    assert value.shape == (3,) and bool((value[1:] > value[:-1]).all())
+
+
+def test_harness_rows_at_a_tiny_size(harness, tmp_path):
+    """Two posteriors, one kernel and NUTS, tiny chains: every row has its fields, and a crash would be a
+    row, not an exception."""
+    threads = torch.get_num_threads()
+    rows = harness.main(
+        [
+            "--posteriors",
+            "kidiq-kidscore_momhs,arK-arK",
+            "--kernels",
+            "FALD,NUTS",
+            "--chains",
+            "2",
+            "--warmup",
+            "20",
+            "--samples",
+            "30",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert torch.get_num_threads() == threads
+    assert [(r["posterior"], r["sampler"]) for r in rows] == [
+        ("kidiq-kidscore_momhs", "FALD"),
+        ("kidiq-kidscore_momhs", "NUTS"),
+        ("arK-arK", "FALD"),
+        ("arK-arK", "NUTS"),
+    ]
+    for row in rows:
+        assert isinstance(row["passes"], bool) and "warnings" in row
+        if row["error"] is None:
+            for key in ("mean_err", "sd_ratio", "rhat", "ess", "seconds", "ess_per_s", "failed"):
+                assert key in row, (row["sampler"], key)
+            assert set(row["parameters"]) == set(harness.load(row["posterior"])[2])
+        else:
+            assert row["error"].split(":")[0].isidentifier()
+    saved = json.loads((tmp_path / "posteriordb.json").read_text())
+    assert len(saved["rows"]) == 4 and saved["info"]["chains"] == 2
+    text = (tmp_path / "posteriordb.md").read_text()
+    assert "| kidiq-kidscore_momhs | FALD |" in text and "| arK-arK | NUTS |" in text
+
+
+def test_a_crash_is_a_row(harness, monkeypatch):
+    def broken(model):
+        raise RuntimeError("no kernel today\nsecond line")
+
+    monkeypatch.setitem(harness.KERNELS, "FALD", broken)
+    (row,) = harness.run_benchmark(["arK-arK"], ["FALD"], chains=2, warmup=5, samples=5)
+    assert row["passes"] is False and row["error"] == "RuntimeError: no kernel today"
