@@ -123,7 +123,11 @@ class FederatedKernel(MCMCKernel):
         adapted preconditioner, each chain starts at an independent draw of the Laplace approximation the
         warm-up found (the mode plus :math:`\\sqrt m \\odot N(0, I)`), where the chosen step is known to be
         stable; otherwise at the prior median (:func:`~pyro.infer.autoguide.init_to_median`, which also
-        starts the search for the mode). ``initial_params`` given to ``MCMC`` override both. A site whose
+        starts the search for the mode). ``initial_params`` given to ``MCMC`` override both; with an
+        automatic step, a start (given, or the strategy's) whose potential is above the posterior's typical
+        level (:func:`~pyro_fed.algorithms.adaptation.typical_points`: where the chosen step is not known to
+        be stable) is first pulled toward the mode along the line that joins them, its distance halved until
+        it is at that level, as NUTS's warm-up carries its chains into the posterior's bulk. A site whose
         prior cannot be sampled (an improper flat prior, :class:`~pyro.distributions.ImproperUniform`) starts
         uniformly in :math:`(-2, 2)` on its unconstrained scale, whatever the strategy
         (:func:`~pyro_fed.model.sites.sampling_free`): nothing samples the prior.
@@ -345,6 +349,13 @@ class FederatedKernel(MCMCKernel):
                 root, self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
             )
             pot.check_initial_points(positions)
+            self._initial_params = [pot.unconstrained_params(p) for p in positions]
+        elif saved is None and self.adaptation is not None:
+            # a given start far above the posterior's typical potential, where the automatic step is not known
+            # to be stable (every step from there may diverge and be reverted), is pulled toward the mode
+            positions = adaptation.typical_points(
+                pot.total_potentials, self.adaptation.mode, positions - self.adaptation.mode
+            )
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
         algorithm = self.make_algorithm(
             network=network,
