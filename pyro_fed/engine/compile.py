@@ -114,32 +114,3 @@ def prepare(
             used = "eager"
         prepared = prepared if used == "compiled" else versions[used]
     return Prepared(prepared, used, time.perf_counter() - start)
-
-
-def inputs_signature(args: tuple, kwargs: dict) -> list:
-    """A model's arguments as compared between runs, to keep what was prepared for them (a traced function
-    holds the data as constants): each tensor by its memory and version counter (in-place changes bump it;
-    ``MCMC.run`` passes detached views, which share both), others by value. The signature holds the
-    tensors, so their memory cannot be reused by other data while it is kept."""
-    values = [*args, *(kwargs[k] for k in sorted(kwargs)), *sorted(kwargs)]
-    return [
-        (v, (v.data_ptr(), v.shape, v.stride(), v.dtype, v.device, v._version))
-        if torch.is_tensor(v)
-        else (v, None)
-        for v in values
-    ]
-
-
-def same_inputs(old: list, new: list) -> bool:
-    """The same tensors, unmodified, and equal other arguments."""
-    return len(old) == len(new) and all(
-        key_a == key_b if key_a is not None or key_b is not None else _equal(a, b)
-        for (a, key_a), (b, key_b) in zip(old, new, strict=True)
-    )
-
-
-def _equal(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # objects without a boolean equality (arrays...): only the same object is equal
-        return a is b

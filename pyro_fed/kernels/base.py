@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -20,7 +19,7 @@ from ..algorithms import adaptation, convergence
 from ..algorithms.base import Algorithm
 from ..algorithms.mode import MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
-from ..engine.compile import check_mode, inputs_signature, same_inputs
+from ..engine.compile import check_mode
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
 from ..model.potential import FederatedPotential
@@ -239,7 +238,6 @@ class FederatedKernel(MCMCKernel):
         self._iterations_needed = None
         #: the run's iterations (:class:`~pyro_fed.kernels.chunks.ChunkRunner`), built at set-up
         self.runner: ChunkRunner | None = None
-        self._engine_signature: list = []  # what the runner's prepared iteration was prepared for
         self._convergence = None  # the end-of-run check, once computed
         self._start: checkpoints.Start | None = None  # where the run's chains started
         self._fingerprint: dict | None = None  # of the run's configuration, with a checkpoint
@@ -404,8 +402,9 @@ class FederatedKernel(MCMCKernel):
             iterations_needed=self._iterations_needed,
             # a model evaluated client by client is run as written (see FederatedPotential)
             mode=self.gradient_mode if pot.gradients.vectorized else "eager",
+            # prepared afresh for every run: a traced iteration holds what the model read (its arguments,
+            # and data it reads from elsewhere, which no comparison of arguments can see) as constants
             what=f"the {type(self).__name__} iteration",
-            engine=self._kept_engine(algorithm, args, kwargs),
         )
         if saved is not None:
             checkpoints.restore_run(saved, self.runner, pot.device)
@@ -416,19 +415,6 @@ class FederatedKernel(MCMCKernel):
             self._checkpoint_interval = 1
         else:  # about ten checkpoints over the run
             self._checkpoint_interval = max(1, math.ceil(self._iterations_needed // thinning / 10))
-
-    def _kept_engine(self, algorithm: Algorithm, args: tuple, kwargs: dict):
-        """The last run's prepared iteration when this run's is the same: the traced iteration holds the
-        data and the algorithm's settings as constants, so it is kept across runs and chains only while the
-        model's arguments are the same objects, unmodified, and the algorithm's settings are equal."""
-        # the number of chains only shapes the iteration, and the engine prepares one per shape
-        settings = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
-        del settings["num_chains"]
-        signature = inputs_signature(args, kwargs) + inputs_signature((), settings)
-        previous, self._engine_signature = self._engine_signature, signature
-        if self.runner is not None and same_inputs(previous, signature):
-            return self.runner.engine()
-        return None
 
     @property
     def algorithm(self) -> Algorithm | None:

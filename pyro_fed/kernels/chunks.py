@@ -47,7 +47,6 @@ class ChunkRunner:
     :param iterations_needed: iterations the run needs (``None``: unknown, the kernel is driven by hand).
     :param str mode: how the iteration is prepared (see :mod:`pyro_fed.engine.compile`).
     :param str what: what the iteration is, for warnings (``"the FaldKernel iteration"``).
-    :param engine: a prepared iteration to keep (one of an earlier run on the same data and algorithm).
     """
 
     def __init__(
@@ -64,7 +63,6 @@ class ChunkRunner:
         iterations_needed: int | None,
         mode: str,
         what: str,
-        engine: ChunkEngine | None = None,
     ):
         self.algorithm, self.state, self.potential, self.rng = algorithm, state, potential, rng
         self.minibatches, self.buffer, self.constants = minibatches, buffer, constants
@@ -72,7 +70,7 @@ class ChunkRunner:
         self.network = algorithm.network
         #: iterations computed so far
         self.computed = 0
-        self._engine = engine
+        self._engine: ChunkEngine | None = None
         # the names of the iterations' summaries, in the order of their outputs
         self._summary_names = tuple(algorithm.summary(algorithm.state_type(*state)))
 
