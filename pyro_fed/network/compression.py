@@ -15,9 +15,11 @@ quantization and encoding*, NeurIPS 2017; as used by Vono, Plassier, Durmus, Die
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
+from ..data.partition import integral
 from .base import BITS_PER_FLOAT
 
 
@@ -97,16 +99,23 @@ class StochasticQuantizer(Compressor):
 
 
 def compressor(quantization_levels: int | None) -> Compressor:
-    """The compressor of a kernel's ``quantization_levels`` argument (``None``: none)."""
+    """The compressor of a kernel's ``quantization_levels`` argument (``None``: none): a positive integer of
+    any integer type (a Python int, a NumPy integer, a 0-d integer tensor); floats (``16.0`` too) and bools
+    are refused, naming the value."""
     if quantization_levels is None:
         return Compressor()
-    if (
-        isinstance(quantization_levels, bool)
-        or not isinstance(quantization_levels, int)
-        or quantization_levels < 1
-    ):
-        raise ValueError(
-            f"quantization_levels must be a positive integer (s levels per coordinate, e.g. 2**8) or None "
-            f"(no compression); got {quantization_levels!r}."
+    levels = integral(quantization_levels)
+    if levels is None or levels < 1:
+        number = isinstance(quantization_levels, numbers.Number) or (
+            isinstance(quantization_levels, torch.Tensor) and quantization_levels.numel() == 1
         )
-    return StochasticQuantizer(quantization_levels)
+        hint = (
+            " Pass int(quantization_levels) if it holds a whole number."
+            if levels is None and number and not isinstance(quantization_levels, bool)
+            else ""
+        )
+        raise ValueError(
+            f"quantization_levels must be a positive integer (s levels per coordinate, e.g. 2**8, of any "
+            f"integer type) or None (no compression); got {quantization_levels!r}.{hint}"
+        )
+    return StochasticQuantizer(levels)

@@ -3,6 +3,7 @@
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,7 +64,33 @@ def test_bits_check_values():
     assert StochasticQuantizer(4).omega(50) == pytest.approx(math.sqrt(50) / 4)
 
 
-@pytest.mark.parametrize("levels", [0, -3, 2.5, True])
-def test_bad_levels(levels):
-    with pytest.raises(ValueError, match="quantization_levels must be a positive integer"):
+@pytest.mark.parametrize("levels", [16, np.int64(16), np.int32(16), np.uint8(16), torch.tensor(16)])
+def test_levels_of_any_integer_type(levels):
+    quantizer = compressor(levels)
+    assert isinstance(quantizer, StochasticQuantizer)
+    assert type(quantizer.levels) is int and quantizer.levels == 16
+    assert quantizer.bits(50) == StochasticQuantizer(16).bits(50)
+
+
+@pytest.mark.parametrize(
+    "levels, hint",
+    [
+        (0, False),
+        (-3, False),
+        (np.int64(0), False),
+        (2.5, True),
+        (16.0, True),
+        (np.float64(16.0), True),
+        (torch.tensor(16.0), True),
+        (torch.tensor([16]), True),
+        (True, False),
+        (np.bool_(True), False),
+        ("16", False),
+    ],
+)
+def test_bad_levels_are_refused_naming_the_value(levels, hint):
+    with pytest.raises(ValueError, match="quantization_levels must be a positive integer") as error:
         compressor(levels)
+    assert f"got {levels!r}." in str(error.value)
+    # a number that is not an integer type: say how to pass it
+    assert ("Pass int(quantization_levels)" in str(error.value)) == hint

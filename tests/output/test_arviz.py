@@ -169,3 +169,161 @@ def test_dims_follow_the_plate_and_log_likelihood_is_unscaled():
     w = torch.as_tensor(idata.posterior["w"].values[0, -1])
     expected = dist.Normal(x @ w, 1.0).log_prob(y)  # plain log_prob, no factor 3
     torch.testing.assert_close(torch.as_tensor(idata.log_likelihood["y"].values[0, -1]), expected)
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_a_short_run_converts_with_a_warning_naming_its_draws(num_samples):
+    # Pyro's mcmc.diagnostics() asserts 4 draws per chain (split R-hat): a short run still converts
+    x, y = regression_data(20)
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(logistic_model, 2, step_size=0.03, batch_size=5, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=3, num_chains=2, disable_progbar=True)
+    mcmc.run(x, (y > 0).double())
+    with pytest.warns(UserWarning, match=f"{num_samples} draws? per chain: converted, but split R-hat"):
+        data = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    assert data.posterior["w"].shape == (2, num_samples, 3)
+    assert data.sample_stats["uploaded_bits"].shape == (2, num_samples)
+    assert data.log_likelihood["y"].shape == data.posterior_predictive["y"].shape == (2, num_samples, 20)
+
+
+def test_a_short_pyro_reference_run_converts():
+    x, y = regression_data(10)
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(NUTS(gaussian_regression(0.5)), num_samples=3, warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    with pytest.warns(UserWarning, match="3 draws per chain"):
+        data = pyro_fed.to_inference_data(mcmc)
+    assert data.sample_stats["diverging"].shape == data.log_likelihood["y"].shape[:2] == (1, 3)
+
+
+def test_a_long_enough_run_converts_without_the_warning(fald_run):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        pyro_fed.to_inference_data(fald_run[0], log_likelihood=False)
+    assert not [r for r in record if "draws per chain" in str(r.message)]
+
+
+def test_the_kernel_or_another_object_is_refused_saying_what_to_pass(fald_run):
+    mcmc = fald_run[0]
+    usage = (
+        "to_inference_data takes the pyro.infer.MCMC object that ran the kernel (mcmc = MCMC(kernel, ...); "
+        "mcmc.run(...); to_inference_data(mcmc)); got "
+    )
+    cases = [
+        (mcmc.kernel, "the kernel itself, a FaldKernel."),
+        (NUTS(logistic_model), "the kernel itself, a NUTS."),
+        (mcmc.get_samples(), "a dict (draws by site? arviz.from_dict converts those)."),
+        (logistic_model, "a function, 'logistic_model' (the model? build a kernel and an MCMC from it)."),
+        (az.from_dict({"w": np.zeros((1, 4))}), "an InferenceData, which is already ArviZ data."),
+        (None, "a NoneType."),
+    ]
+    for wrong, said in cases:
+        with pytest.raises(TypeError) as error:
+            pyro_fed.to_inference_data(wrong)
+        assert str(error.value) == usage + said
+
+
+def test_an_mcmc_object_that_has_not_run_is_refused(fald_run):
+    mcmc = fald_run[0]
+    # a kernel that has run elsewhere, in an MCMC object not run yet
+    for kernel in (mcmc.kernel, FaldKernel(logistic_model)):
+        unrun = MCMC(kernel, num_samples=5, warmup_steps=2, disable_progbar=True)
+        with pytest.raises(ValueError, match=r"has not run: call mcmc.run\(\*model_args\) first"):
+            pyro_fed.to_inference_data(unrun)
+
+
+def factor_likelihood(with_sample_site):
+    """A regression whose likelihood in the plate is a pyro.factor (its normalised log-density), beside an
+    observed sample site or alone."""
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        with pyro.plate("data", x.shape[0]) as idx:
+            if with_sample_site:
+                pyro.sample("z", dist.Normal(x[idx, 0] * w[0], 1.0), obs=y[idx] - 1)
+            pyro.factor("f", dist.Normal(x[idx] @ w, 0.5).log_prob(y[idx]))
+
+    return model
+
+
+def test_factor_sites_left_out_of_the_posterior_predictive_with_a_warning():
+    x, y = regression_data(20)
+    mcmc = run_kernel(factor_likelihood(True), (x, y))
+    with pytest.warns(UserWarning, match="the pyro.factor site 'f' of the plate 'data' left out") as record:
+        data = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    assert "replicates of 'z' only" in str(next(r for r in record if "pyro.factor" in str(r.message)).message)
+    assert list(data.posterior_predictive.data_vars) == ["z"]
+    assert data.posterior_predictive["z"].shape == (1, 20, 20)
+    assert list(data.observed_data.data_vars) == ["z"]  # a factor observes nothing
+    # the factor's pointwise log-likelihood is its value, by hand
+    w = torch.as_tensor(data.posterior["w"].values[0])
+    np.testing.assert_allclose(
+        data.log_likelihood["f"].values[0], dist.Normal(w @ x.T, 0.5).log_prob(y).numpy(), rtol=1e-10
+    )
+    assert data.log_likelihood["f"].dims == ("chain", "draw", "data")
+    assert np.isfinite(az.loo(data, var_name="f").elpd_loo)
+
+
+def test_a_likelihood_of_factors_only_refuses_the_posterior_predictive_and_gives_the_log_likelihood():
+    x, y = regression_data(20)
+    mcmc = run_kernel(factor_likelihood(False), (x, y))
+    with pytest.raises(ValueError, match="posterior_predictive=True needs observed sample sites") as error:
+        pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    assert "pyro.factor only ('f')" in str(error.value) and "posterior_predictive=False" in str(error.value)
+    data = pyro_fed.to_inference_data(mcmc)
+    assert data.log_likelihood["f"].shape == (1, 20, 20)
+    assert "observed_data" not in data.groups()
+
+
+def test_four_chains_two_likelihood_sites_a_masked_one_and_an_event_dimension():
+    # what a new user tries: every group on 4 chains, two likelihoods (one with obs_mask, NaN where
+    # missing), a multivariate observation
+    x, y = regression_data(20)
+    observed = torch.arange(20) % 4 != 0
+    counts = torch.poisson(torch.exp(0.3 * x[:, 0]), generator=torch.Generator().manual_seed(0))
+    pairs = torch.stack([y, -y], -1)
+
+    def model(x, y, counts, pairs):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        with pyro.plate("data", x.shape[0]) as idx:
+            mean = x[idx] @ w
+            pyro.sample("y", dist.Normal(mean, 0.5), obs=y[idx].nan_to_num(), obs_mask=observed[idx])
+            pyro.sample("c", dist.Poisson(torch.exp(0.3 * x[idx, 0])), obs=counts[idx])
+            pyro.sample(
+                "p", dist.MultivariateNormal(torch.stack([mean, -mean], -1), torch.eye(2)), obs=pairs[idx]
+            )
+
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(model, 2, step_size=1e-3, batch_size=5, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=5, num_chains=4, disable_progbar=True)
+    mcmc.run(x, torch.where(observed, y, torch.nan), counts, pairs)
+    data = pyro_fed.to_inference_data(mcmc, log_likelihood=True, posterior_predictive=True)
+    assert data.posterior["w"].shape == (4, 10, 3)
+    likelihood, replicates, seen = data.log_likelihood, data.posterior_predictive, data.observed_data
+    assert (
+        set(likelihood.data_vars)
+        == set(replicates.data_vars)
+        == set(seen.data_vars)
+        == {"y_observed", "c", "p"}
+    )
+    # the masked site: only its 15 observed data, indexed by their positions
+    assert likelihood["y_observed"].dims == ("chain", "draw", "y_observed_data")
+    np.testing.assert_array_equal(likelihood["y_observed_data"].values, np.flatnonzero(observed.numpy()))
+    assert replicates["y_observed"].shape == (4, 10, 15) and seen["y_observed"].shape == (15,)
+    np.testing.assert_array_equal(seen["y_observed"].values, y[observed].numpy())
+    assert likelihood["c"].shape == replicates["c"].shape == (4, 10, 20)
+    # the event dimension: one log-density per datum, replicates with the observation's shape
+    assert likelihood["p"].dims == ("chain", "draw", "data") and likelihood["p"].shape == (4, 10, 20)
+    assert replicates["p"].dims == ("chain", "draw", "data", "p_dim_1") and replicates["p"].shape == (
+        4,
+        10,
+        20,
+        2,
+    )
+    w = torch.as_tensor(data.posterior["w"].values[3, -1])
+    expected = dist.MultivariateNormal(torch.stack([x @ w, -(x @ w)], -1), torch.eye(2)).log_prob(pairs)
+    np.testing.assert_allclose(likelihood["p"].values[3, -1], expected.numpy(), rtol=1e-10)
+    for name in ("y_observed", "c", "p"):
+        assert np.isfinite(az.loo(data, var_name=name).elpd_loo)
