@@ -101,6 +101,12 @@ class FederatedPotential:
         self.dim = self.space.dim
         self._initial_flat = self.space.flat_values(self.sites.initial_trace)
         self.device, self.dtype = self._initial_flat.device, self._initial_flat.dtype
+        if not self.dtype.is_floating_point or torch.finfo(self.dtype).bits < 32:
+            raise ValueError(
+                f"The model's latent sites {self.sites.latent_names} take values in {self.dtype}: Langevin "
+                "steps need float32 or float64 (a step of noise is lost in half precision). Build the priors "
+                "in float32 or float64 (Python numbers, or tensors of that dtype) and pass the data in it."
+            )
         self.client_indices = to_index_lists(clients, self.num_data)
         self.num_clients = len(self.client_indices)
         self.client_sizes = torch.tensor([len(ix) for ix in self.client_indices], device=self.device)
@@ -109,6 +115,11 @@ class FederatedPotential:
         self.all_client_sizes = self.network.gather(self.client_sizes, -1)
         held = self.network.held(len(self.all_client_sizes))
         self.prior_weights = make_prior_weights(prior_weights, self.all_client_sizes, self.dtype)[held]
+        # each datum's client, in the global client order (-1: held elsewhere), for the data checks
+        owner = torch.full((self.num_data,), -1, dtype=torch.long)
+        for client, indices in zip(range(len(self.all_client_sizes))[held], self.client_indices, strict=True):
+            owner[indices.cpu()] = client
+        self.sites.check_observed_support(owner)
         #: whether the server holds the prior (``prior_weights="server"``): the clients' potentials are then
         #: their likelihoods alone, and :math:`U = U^0 + \\sum_i U^i`
         self.prior_on_server = isinstance(prior_weights, str) and prior_weights == "server"
@@ -275,6 +286,15 @@ class FederatedPotential:
             return
         chain = int((~finite | ~grads.isfinite().all(-1)).nonzero()[0])
         values, _ = self.constrained(points[chain])
+        for site in self.latent_sites:
+            unconstrained = points[chain, site.start : site.stop]
+            if not bool(unconstrained.isfinite().all() and values[site.name].isfinite().all()):
+                raise ValueError(
+                    f"The initial value of site {site.name!r} in chain {chain} is not finite: "
+                    f"{values[site.name].tolist()} (unconstrained {unconstrained.tolist()}). Give it a "
+                    "finite value in initial_params (unconstrained, Pyro's convention) or init_strategy, or "
+                    "leave them out."
+                )
         trace = self.sites.run(values, torch.arange(self.num_data, device=self.device))
         trace.compute_log_prob()
         bad = [

@@ -12,6 +12,15 @@ Every evaluation injects a subsample of indices into the data plate, so the mode
 through the plate's indices; :class:`ModelSites` checks this once, with clear errors, when it reads the
 model.
 
+The data are checked once, when the model is read, and a failure says which argument is the likely
+cause: a NumPy array, a dtype or a device other than the latent values', a tensor read through the plate
+whose length is not the plate's (:func:`diagnose_arguments`); observed values outside their distribution's
+support are refused, naming the site, the values and their data indices
+(:meth:`ModelSites.check_observed_support`). A ``pyro.param`` is a constant of the potential (its value,
+detached), as in Pyro's MCMC; a data plate declared with ``subsample_size`` equal to its size is a full
+plate; observed entries masked out (``obs_mask``, ``poutine.mask``) contribute nothing, even where they
+hold NaN.
+
 Validation is switched off while the model runs inside pyro_fed's evaluations: its checks of argument and
 sample values branch on tensor values, which :func:`torch.func.vmap` and tracing cannot do. Distributions
 that the model builds while it runs follow Pyro's global switch; distributions built beforehand (the
@@ -24,18 +33,24 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import inspect
+import re
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import pyro
 import torch
 from pyro import poutine
+from pyro.distributions import MaskedDistribution
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.subsample_messenger import SubsampleMessenger
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to
+from torch.distributions import biject_to, constraints
 
 #: half-width of the box of the unconstrained space where a site that cannot be sampled starts (Stan's and
 #: Pyro's :func:`~pyro.infer.autoguide.initialization.init_to_uniform` default)
@@ -116,6 +131,192 @@ class _FixMissing(Messenger):
             msg["is_observed"] = True
 
 
+class _ParamsAsConstants(Messenger):
+    """Gives every ``pyro.param`` (and PyroModule parameter) a constant value, ``{name: value}`` (read once,
+    detached), as Pyro's MCMC, which samples the latent sites only, treats it. Read from the parameter store
+    inside :func:`torch.func.grad`, the value would be computed there from its unconstrained leaf, whose
+    graph ``detach`` cannot cut at that level: every gradient and draw would require gradients."""
+
+    def __init__(self, values: dict[str, torch.Tensor]):
+        super().__init__()
+        self.values = values
+
+    def _pyro_param(self, msg) -> None:
+        if msg["name"] in self.values and msg["value"] is None:
+            msg["value"] = self.values[msg["name"]]
+
+    def _pyro_post_param(self, msg) -> None:  # a parameter the first run did not read
+        if isinstance(msg["value"], torch.Tensor) and msg["value"].requires_grad:
+            msg["value"] = msg["value"].detach()
+
+
+class _FillMasked(Messenger):
+    """Writes a finite placeholder into the masked-out entries of the observed sites ``placeholders`` (a
+    datum's value in the support, ``{site: [*event_shape]}``): their log-density is masked out of the
+    potential, but a NaN there would still reach the gradient (the derivative of ``where(mask, log_prob,
+    0)`` is 0 there, and ``0 * NaN`` is NaN)."""
+
+    def __init__(self, placeholders: dict[str, torch.Tensor]):
+        super().__init__()
+        self.placeholders = placeholders
+
+    def _pyro_sample(self, msg) -> None:
+        placeholder = self.placeholders.get(msg["name"])
+        if placeholder is None or not msg["is_observed"] or not isinstance(msg["mask"], torch.Tensor):
+            return
+        value, event_dim = msg["value"], len(placeholder.shape)
+        mask = msg["mask"].reshape(msg["mask"].shape + (1,) * event_dim)
+        filled = torch.where(mask, value, placeholder.to(value.dtype))
+        if filled.shape == value.shape:
+            msg["value"] = filled
+
+
+@contextlib.contextmanager
+def _full_size_plate(name: str) -> Iterator[None]:
+    """While the model runs: the plate ``name``, if declared with ``subsample_size`` equal to its size (a full
+    plate, as Pyro's own MCMC runs it), takes the subsample pyro_fed injects, of any size. Pyro would refuse
+    it as a subsample of another size than declared."""
+    original = SubsampleMessenger.__dict__["_subsample"]
+
+    def subsample(plate, size=None, subsample_size=None, subsample=None, use_cuda=None, device=None):
+        if plate == name and size is not None and subsample_size == size:
+            subsample_size = None
+        return original.__func__(plate, size, subsample_size, subsample, use_cuda, device)
+
+    SubsampleMessenger._subsample = staticmethod(subsample)
+    try:
+        yield
+    finally:
+        SubsampleMessenger._subsample = original
+
+
+class _SubsampleShapes(Messenger):
+    """Records the ``pyro.subsample(data, event_dim=...)`` reads whose data do not have the plate's size
+    along its dimension (Pyro checks this only with validation on, which ``MCMC`` switches off): the data
+    would be read short (an index error) or in part (a silent truncation)."""
+
+    def __init__(self):
+        super().__init__()
+        #: ``(data, event_dim, plate frame)`` of each such read
+        self.problems: list[tuple] = []
+
+    def _pyro_post_subsample(self, msg) -> None:
+        data, event_dim = msg["value"], msg["kwargs"].get("event_dim")
+        if event_dim is None and len(msg["args"]) > 1:
+            event_dim = msg["args"][1]
+        if not isinstance(data, torch.Tensor) or not isinstance(event_dim, int):
+            return
+        for frame in msg["cond_indep_stack"]:
+            size = frame.full_size if frame.full_size is not None else frame.size
+            if frame.dim is None or size is None or size < 0:
+                continue
+            dim = frame.dim - event_dim
+            if data.dim() >= -dim and data.shape[dim] not in (1, size):
+                self.problems.append((data, event_dim, frame, size))
+
+
+# ------------------------------------------------------------------ the data's form
+#: how torch's error messages name each dtype (ScalarType names, C++ type names, Python names)
+_DTYPE_WORDS = {
+    torch.float16: ("Half", "float16"),
+    torch.bfloat16: ("BFloat16", "bfloat16"),
+    torch.float32: ("Float", "float32", "float"),
+    torch.float64: ("Double", "float64", "double"),
+    torch.int64: ("Long", "int64", "long"),
+    torch.int32: ("Int", "int32", "int"),
+    torch.int16: ("Short", "int16", "short"),
+    torch.int8: ("Char", "int8"),
+    torch.uint8: ("Byte", "uint8"),
+    torch.bool: ("Bool", "bool"),
+}
+
+
+def _names_dtype(text: str, dtype: torch.dtype) -> bool:
+    return any(re.search(rf"(?<![A-Za-z0-9_]){word}(?![A-Za-z0-9_])", text) for word in _DTYPE_WORDS[dtype])
+
+
+def named_arguments(model: Callable, args: tuple, kwargs: dict) -> list[tuple[str, object]]:
+    """The model's arguments with the names of its signature (``argument 0``... where it has none), and the
+    items of the lists, tuples and dicts among them (``data['x']``)."""
+    try:
+        target = model.forward if isinstance(model, torch.nn.Module) else model
+        named = list(inspect.signature(target).bind(*args, **kwargs).arguments.items())
+    except (TypeError, ValueError):
+        named = [(f"argument {i}", arg) for i, arg in enumerate(args)] + list(kwargs.items())
+    items = []
+    for name, value in named:
+        items.append((name, value))
+        if isinstance(value, list | tuple):
+            items += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            items += [(f"{name}[{k!r}]", v) for k, v in value.items()]
+    return items
+
+
+def diagnose_arguments(
+    error: Exception,
+    arguments: list[tuple[str, object]],
+    dtype: torch.dtype,
+    device: torch.device,
+    plate_sizes: dict[str, int],
+) -> list[str]:
+    """What in the model's ``arguments`` (:func:`named_arguments`) the failure ``error`` of a run of the
+    model points to, one sentence per argument with its fix: only what the error itself names — a NumPy
+    array (the error speaks of ``ndarray``), a dtype other than the latent values' ``dtype`` (the error speaks
+    of dtypes and names the argument's), a device other than ``device`` (the error speaks of devices), a
+    tensor shorter than a plate of ``plate_sizes`` (an index out of bounds for a dimension of the
+    argument's length)."""
+    text = f"{type(error).__name__}: {error}"
+    causes = []
+    for name, value in arguments:
+        if isinstance(value, np.ndarray) and re.search("ndarray|numpy", text):
+            fix = f"torch.as_tensor({name}" + (f", dtype={dtype})" if value.dtype.kind == "f" else ")")
+            causes.append(f"{name} is a numpy.ndarray ({value.dtype}): pass {fix}")
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dtype != dtype and re.search("dtype|scalar type", text) and _names_dtype(text, value.dtype):
+            fix = f"{name}.to({dtype})"
+            if value.dtype in (torch.float32, torch.float64):
+                fix += f", or build the priors in {value.dtype}"
+            causes.append(f"{name} has dtype {value.dtype}, the model's latent values {dtype}: pass {fix}")
+        if value.device != device and "device" in text:
+            causes.append(
+                f"{name} is on device {value.device}, the model's latent values on {device}: pass "
+                f"{name}.to({str(device)!r})"
+            )
+        match = re.search(r"out of bounds for dimension -?\d+ with size (\d+)", text)
+        short = match and int(match[1])
+        for plate, size in plate_sizes.items():
+            if match and short < size and short in value.shape and size not in value.shape:
+                causes.append(
+                    f"{name} has {short} entries (shape {tuple(value.shape)}) where plate {plate!r} has "
+                    f"{size} data: give every argument read through the plate one entry per datum"
+                )
+    return list(dict.fromkeys(causes))
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _static(constraint: constraints.Constraint) -> bool:
+    """Whether ``constraint`` holds no tensor (a support that the latent values cannot move, e.g.
+    ``boolean``, ``integer_interval(0, 2)``, ``positive``)."""
+    for value in vars(constraint).values():
+        if isinstance(value, torch.Tensor):
+            return False
+        if isinstance(value, constraints.Constraint) and not _static(value):
+            return False
+    return True
+
+
+def _distribution_name(fn) -> str:
+    while type(fn).__name__ in ("Independent", "MaskedDistribution", "ExpandedDistribution"):
+        fn = fn.base_dist
+    return type(fn).__name__
+
+
 def is_random_variable(site: dict) -> bool:
     """A sample site that is a random variable of the model: not a plate's subsample site, and not a
     ``pyro.deterministic`` record (Pyro marks those observed, but they carry no density)."""
@@ -185,9 +386,15 @@ class ModelSites:
         self.model_kwargs = model_kwargs
         self.init_strategy = init_strategy
         self.initial_trace = trace = self.draw_initial_trace()
+        #: the values of the model's ``pyro.param`` sites, constants of the potential (as in Pyro's MCMC)
+        self.params = {
+            name: site["value"].detach() for name, site in trace.nodes.items() if site["type"] == "param"
+        }
         self.plate = find_data_plate(trace, plate)
         plate_fn = trace.nodes[self.plate]["fn"]
         self.num_data = int(plate_fn.size)
+        #: whether the data plate is declared with ``subsample_size`` equal to its size (a full plate)
+        self.full_size_subsample = plate_fn.subsample_size == self.num_data
         if plate_fn.subsample_size is not None and plate_fn.subsample_size < self.num_data:
             raise ValueError(
                 f"The data plate {self.plate!r} is declared with subsample_size: pyro_fed chooses each "
@@ -195,14 +402,19 @@ class ModelSites:
                 "read the data through the plate's indices (pyro.subsample or `as idx`)."
             )
         self._classify(trace)
+        #: for the likelihood sites whose masked-out observed entries are not finite: a datum's observed
+        #: value written there while the model runs (see ``_FillMasked``)
+        self.placeholders = self._placeholders()
         self._check_model_reads_plate_indices()
 
     def draw_initial_trace(self) -> Trace:
         """A fresh run of the model with its latent values drawn by the init strategy."""
-        tracer = poutine.trace(InitMessenger(sampling_free(self.init_strategy))(self.model))
+        shapes = _SubsampleShapes()
+        tracer = poutine.trace(InitMessenger(sampling_free(self.init_strategy))(shapes(self.model)))
         try:
-            return tracer.get_trace(*self.model_args, **self.model_kwargs)
+            trace = tracer.get_trace(*self.model_args, **self.model_kwargs)
         except Exception as error:
+            self._check_subsample_shapes(shapes.problems, error)
             # a PyroModule's weights first read inside a plate get its batch shape: the model then fails
             # in its own layers; say why, with the fix
             inside = [
@@ -218,7 +430,48 @@ class ModelSites:
                     f"The model failed ({type(error).__name__}: {error}) after sampling {inside} inside the "
                     f"plate {site_plate!r}." + _module_hint(site_plate)
                 ) from error
+            self._diagnose(error, tracer.msngr.trace, "when first run")
             raise
+        self._check_subsample_shapes(shapes.problems)
+        return trace
+
+    def _check_subsample_shapes(self, problems: list[tuple], error: Exception | None = None) -> None:
+        """Refuse the ``pyro.subsample`` reads of data whose length is not their plate's, naming the
+        argument (see ``_SubsampleShapes``)."""
+        if not problems:
+            return
+        data, event_dim, frame, size = problems[0]
+        names = [n for n, v in named_arguments(self.model, self.model_args, self.model_kwargs) if v is data]
+        what = names[0] if names else "a tensor"
+        dim = frame.dim - event_dim
+        raise ValueError(
+            f"pyro.subsample(..., event_dim={event_dim}) in plate {frame.name!r} of {size} data reads {what} "
+            f"of shape {tuple(data.shape)}, with {data.shape[dim]} entries along the plate's dimension "
+            f"({dim}): give {what} one entry per datum of the plate ({size}), or declare the plate with the "
+            "data's length."
+        ) from error
+
+    def _diagnose(self, error: Exception, trace: Trace, when: str) -> None:
+        """Raise a ``ValueError`` naming the arguments that the failure ``error`` of the model (its partial
+        ``trace``) points to (:func:`diagnose_arguments`), if any."""
+        latent = [
+            site["value"]
+            for site in trace.nodes.values()
+            if is_random_variable(site) and not site["is_observed"] and torch.is_tensor(site["value"])
+        ]
+        dtype = latent[0].dtype if latent else torch.get_default_dtype()
+        device = latent[0].device if latent else torch.zeros(()).device
+        plate_sizes = {
+            name: int(site["fn"].size) for name, site in trace.nodes.items() if site_is_subsample(site)
+        }
+        arguments = named_arguments(self.model, self.model_args, self.model_kwargs)
+        causes = diagnose_arguments(error, arguments, dtype, device, plate_sizes)
+        if causes:
+            raise ValueError(
+                f"The model failed {when} ({_first_line(error)}). The likely cause, in its arguments: "
+                + "; ".join(causes)
+                + "."
+            ) from error
 
     def _classify(self, trace: Trace) -> None:
         self.latent_names: list[str] = []
@@ -262,6 +515,7 @@ class ModelSites:
         try:
             trace = self.run(values, torch.arange(n, device=values[self.latent_names[0]].device))
         except Exception as error:
+            self._diagnose(error, self.initial_trace, f"when run on a subsample of {n} indices")
             raise ValueError(
                 f"The model failed when run on a subsample of {n} indices of plate {self.plate!r} "
                 f"({type(error).__name__}: {error}). pyro_fed injects each client's minibatch indices into "
@@ -282,6 +536,87 @@ class ModelSites:
                     f"`with pyro.plate({self.plate!r}, N) as idx: ... data[idx]`."
                 )
 
+    def _masks(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The observed value of the likelihood site ``name`` in the initial run (all data, in data order)
+        and which of its batch entries are observed, ``[*batch_shape]`` bool (``poutine.mask``, ``obs_mask``
+        and a ``MaskedDistribution`` combined)."""
+        node = self.initial_trace.nodes[name]
+        fn, value = node["fn"], node["value"]
+        observed = torch.ones(fn.batch_shape, dtype=torch.bool, device=value.device)
+        masks = [node["mask"]]
+        while type(fn).__name__ in ("Independent", "MaskedDistribution", "ExpandedDistribution"):
+            if isinstance(fn, MaskedDistribution):
+                masks.append(fn._mask)
+            fn = fn.base_dist
+        for mask in masks:
+            if mask is not None:
+                observed = observed & torch.as_tensor(mask, device=value.device)
+        return value, observed
+
+    def _placeholders(self) -> dict[str, torch.Tensor]:
+        """For each likelihood site whose masked-out observed entries are not all finite, the value of its
+        first observed datum (a value in its support), ``[*event_shape]``."""
+        placeholders = {}
+        for name in self.likelihood_sites:
+            event_dim = len(self.initial_trace.nodes[name]["fn"].event_shape)
+            try:
+                value, observed = self._masks(name)
+            except RuntimeError:  # masks that do not broadcast to the batch shape: left as they are
+                continue
+            if observed.all() or value.shape[: value.dim() - event_dim] != observed.shape:
+                continue
+            finite = value.isfinite().reshape(*observed.shape, -1).all(-1)
+            if bool((finite | observed).all()) or not bool((observed & finite).any()):
+                continue
+            datum = (observed & finite).flatten().nonzero()[0, 0]
+            placeholders[name] = value.reshape(-1, *value.shape[value.dim() - event_dim :])[datum].detach()
+        return placeholders
+
+    def check_observed_support(self, owner: torch.Tensor | None = None) -> None:
+        """Refuse observed values of the likelihood sites outside their distribution's support (a
+        ``Bernoulli`` label 2), naming the site, the values, their data indices and the clients that hold
+        them: the evaluations run with validation off (see the module's docstring), which would take them
+        in silence. One vectorised check of the initial run's data; masked-out entries and NaN (refused by
+        :meth:`~pyro_fed.model.potential.FederatedPotential.check_initial_points`, with the fix) are left
+        out, as are supports that depend on the latent values (``Uniform(0, theta)``: not the data's fault).
+
+        :param owner: ``[N]`` the client holding each datum (-1: not held here, not checked).
+        """
+        for name in self.likelihood_sites:
+            fn = self.initial_trace.nodes[name]["fn"]
+            event_dim = len(fn.event_shape)
+            try:  # a support that cannot be checked, or values that do not broadcast (a factor): not checked
+                support = fn.support
+                if not _static(support) or fn.event_shape.numel() == 0:
+                    continue
+                value, observed = self._masks(name)
+                nan = value.isnan().reshape(*value.shape[: value.dim() - event_dim], -1).any(-1)
+                bad = ~support.check(value) & observed & ~nan
+            except (NotImplementedError, RuntimeError, TypeError, ValueError):
+                continue
+            axis = bad.dim() + self.plate_dim
+            if axis < 0 or bad.shape[axis] != self.num_data:
+                continue
+            if owner is not None:
+                held = (owner >= 0).reshape((-1,) + (1,) * (-1 - self.plate_dim))
+                bad = bad & held.to(bad.device)
+            if not bool(bad.any()):
+                continue
+            positions = bad.nonzero()
+            values = torch.broadcast_to(value, bad.shape + value.shape[value.dim() - event_dim :])
+            shown = []
+            for position in positions[:5].tolist():
+                index = position[axis]
+                client = "" if owner is None else f" (client {int(owner[index])})"
+                shown.append(f"{values[tuple(position)].tolist()} at data index {index}{client}")
+            more = f" and {len(positions) - 5} more" if len(positions) > 5 else ""
+            raise ValueError(
+                f"Observed site {name!r} has {len(positions)} value(s) outside the support of "
+                f"{_distribution_name(fn)} ({str(support).removesuffix('()')}): {', '.join(shown)}{more}. "
+                "pyro_fed evaluates the model with validation off, so they would count as they are: correct "
+                "these data, or leave them out (obs_mask)."
+            )
+
     # ------------------------------------------------------------ evaluation
     def run(self, values: dict[str, torch.Tensor], indices: torch.Tensor, *, observed: bool = True) -> Trace:
         """Trace the model at the constrained latent ``values``, with ``indices`` as the data plate's
@@ -291,10 +626,12 @@ class ModelSites:
         """
         model = self.model if observed else poutine.uncondition(self.model)
         conditioned = poutine.condition(model, data={**values, self.plate: indices})
-        with pyro.validation_enabled(False):
-            return poutine.trace(
-                _WithoutValidation()(_FixMissing(self.missing_sites)(conditioned))
-            ).get_trace(*self.model_args, **self.model_kwargs)
+        model = _FillMasked(getattr(self, "placeholders", {}))(_FixMissing(self.missing_sites)(conditioned))
+        full_size = _full_size_plate(self.plate) if getattr(self, "full_size_subsample", False) else None
+        with pyro.validation_enabled(False), full_size or contextlib.nullcontext():
+            return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model))).get_trace(
+                *self.model_args, **self.model_kwargs
+            )
 
     def global_log_density(self, trace: Trace) -> torch.Tensor:
         """Sum of the log-densities of the global sites, latent and observed: :math:`-U^0` but the

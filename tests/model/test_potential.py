@@ -358,13 +358,13 @@ def test_missing_data_of_obs_mask_sites_are_integrated_out():
     w = torch.as_tensor(idata.posterior["w"].values[0, -1])
     expected = dist.Normal(x[observed] @ w, 0.5).log_prob(y[observed])
     np.testing.assert_allclose(idata.log_likelihood["y_observed"].values[0, -1], expected.numpy(), rtol=1e-10)
-    # NaN placeholders are masked in the potential but not in its gradient (where(mask, NaN, 0)' = NaN),
-    # as in Pyro itself: refused at set-up rather than sampled with NaN gradients
+    # NaN placeholders would reach the gradient through the mask (where(mask, NaN, 0)' = 0 * NaN): they are
+    # replaced by a finite observed value, and contribute nothing, value and gradient
     nan_holes = torch.where(observed, y, torch.tensor(float("nan")))
-    with pytest.raises(ValueError, match="gradient is not finite"):
-        FederatedPotential(
-            model, (x, nan_holes, observed), clients=3, gradient_mode="eager"
-        ).check_initial_points(point[None])
+    nan_pot = FederatedPotential(model, (x, nan_holes, observed), clients=3, gradient_mode="eager")
+    nan_pot.check_initial_points(point[None])
+    torch.testing.assert_close(nan_pot.potential(point), plain.potential(point))
+    torch.testing.assert_close(nan_pot.full_client_grads(point).sum(0), plain.full_client_grads(point).sum(0))
 
 
 def test_failed_compilation_is_not_retried(monkeypatch):
