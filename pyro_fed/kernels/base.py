@@ -46,6 +46,11 @@ DIVERGING_WARNING = 0.01
 #: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
 #: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
 EXPLOSION_SCALES = 1e6
+#: the share of the warm-up's draws after which an automatic preconditioner is measured again from the
+#: chains' own draws (those of the window's second half: see FederatedKernel._adapt_to_draws)
+DRAWS_WINDOW = 0.5
+#: the fewest warm-up draws per chain in that window (a shorter warm-up keeps the first preconditioner)
+MIN_WINDOW_DRAWS = 40
 #: the constructor's own names, besides its settings
 CALLED = ("self", "model", "clients", "__class__")
 
@@ -330,9 +335,11 @@ class FederatedKernel(MCMCKernel):
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
             pot.check_initial_points(positions)
             inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
-        else:  # resumed: the checkpointed run's start and warm-up
+        else:  # resumed: the checkpointed run's start and warm-up (its preconditioner the draws' if measured)
             self._start, self.adaptation = checkpoints.start(saved, pot.device)
             positions, inverse_mass = self._start.positions, self._start.inverse_mass
+            if self.adaptation is not None:
+                inverse_mass = self.adaptation.preconditioner
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
         batch = self.current_batch_size
         sizes = pot.all_client_sizes
@@ -408,6 +415,7 @@ class FederatedKernel(MCMCKernel):
         )
         if saved is not None:
             checkpoints.restore_run(saved, self.runner, pot.device)
+        self._window_end = self._draws_window(warmup_steps)
         self._checkpointed = self.runner.computed // thinning
         if self.checkpoint_every is not None:
             self._checkpoint_interval = self.checkpoint_every
@@ -454,27 +462,40 @@ class FederatedKernel(MCMCKernel):
         if self.step_size is None or isinstance(self.preconditioner, str):
             named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
             form = self.preconditioner if named else "auto"
-            # the pilot gets as many upload rounds per particle as a chain's warm-up (see upload_rate), per
-            # iteration of a draw
-            pilot = self._warmup_steps * min(1.0, self.upload_rate())
-            sampler = warmup.Sampler(
-                name=type(self).__name__,
-                step_size=self.step_size,
-                thinning=self.thinning,
-                batch_size=self.batch_size,
-                chooses_batch_size=self.chooses_batch_size(),
-                server_step=self.server_step,
-                averages_every_iteration=self.averages_every_iteration(),
-                random_at_full_batch=self.random_at_full_batch(),
-                gradient_evaluations=self.gradient_evaluations(minibatches=True),
-                adaptation_noise=self.adaptation_noise,
-                chosen_step=self.chosen_step,
-                gradient_mode=self.gradient_mode,
+            chosen = warmup.adapt(
+                pot, self._sampler(), start, seed, given, form, max_pilot_iterations=self._pilot_budget()
             )
-            chosen = warmup.adapt(pot, sampler, start, seed, given, form, max_pilot_iterations=pilot)
             self.adaptation = self.finish_adaptation(chosen)
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
+
+    def _sampler(self, **chosen) -> warmup.Sampler:
+        """What the warm-up must know of this kernel (:class:`~pyro_fed.kernels.warmup.Sampler`): its
+        settings, or those ``chosen`` already (the minibatch and the thinning, when the preconditioner is
+        measured again from the draws)."""
+        settings = {
+            "step_size": self.step_size,
+            "thinning": self.thinning,
+            "batch_size": self.batch_size,
+            "chooses_batch_size": self.chooses_batch_size(),
+            **chosen,
+        }
+        return warmup.Sampler(
+            name=type(self).__name__,
+            server_step=self.server_step,
+            averages_every_iteration=self.averages_every_iteration(),
+            random_at_full_batch=self.random_at_full_batch(),
+            gradient_evaluations=self.gradient_evaluations(minibatches=True),
+            adaptation_noise=self.adaptation_noise,
+            chosen_step=self.chosen_step,
+            gradient_mode=self.gradient_mode,
+            **settings,
+        )
+
+    def _pilot_budget(self) -> float:
+        """The pilot's iterations per iteration of a draw: as many upload rounds per particle as a chain's
+        warm-up (see :meth:`upload_rate`)."""
+        return self._warmup_steps * min(1.0, self.upload_rate())
 
     @property
     def current_step_size(self) -> float | None:
@@ -615,10 +636,90 @@ class FederatedKernel(MCMCKernel):
         draw = self._served
         if (draw + 1) * self.current_thinning > self.runner.computed:
             self._meeting(self.runner.run_chunk)
+            # before the checkpoint: a checkpoint past the window holds the preconditioner of its draws
+            window = self._window_end
+            if window is not None and self.runner.computed >= window * self.current_thinning:
+                self._window_end = None
+                self._meeting(self._adapt_to_draws, window)
             if self.checkpoint is not None:
                 self._meeting(self._write_checkpoint)
         self._served += 1
         return self.potential.unconstrained_params(self.runner.buffer.draw(draw, self._chain))
+
+    def _draws_window(self, warmup_steps: int) -> int | None:
+        """The draws after which the preconditioner is measured again from the chains' own draws
+        (:meth:`_adapt_to_draws`): ``DRAWS_WINDOW`` of the warm-up's, when the warm-up chose the step and the
+        preconditioner and the kernel has no last word of its own on the step (D-ULA's graph); ``None``
+        when it is not, or was already, measured."""
+        window = int(DRAWS_WINDOW * warmup_steps)
+        automatic = (
+            self.adaptation is not None
+            and self.step_size is None
+            and not isinstance(self.preconditioner, torch.Tensor)
+            and type(self).finish_adaptation is FederatedKernel.finish_adaptation
+        )
+        if (
+            not automatic
+            or window < MIN_WINDOW_DRAWS
+            or self.runner.computed >= window * self.current_thinning
+        ):
+            return None
+        return window
+
+    def _adapt_to_draws(self, window: int) -> None:
+        """Stan's windowed adaptation, once: the covariance of the chains' draws in the second half of the
+        window (within chains, pooled), shrunk toward the warm-up's preconditioner by ``d + 5`` pseudo-draws,
+        replaces it when it leaves that preconditioner's coordinates a condition number above
+        ``DENSE_CONDITION`` (diagonal: the variances alone); the step is then chosen again for it, at the
+        same minibatch and thinning. The Laplace approximation at the mode misjudges a posterior whose
+        curvature varies (a hierarchical model's scale): on eight schools the slowest direction then mixed
+        4 times slower."""
+        pot, chosen = self.potential, self.adaptation
+        draws = torch.as_tensor(self.runner.buffer.all_draws(window // 2)[:, : window - window // 2])
+        chains, count, dim = draws.shape
+        centred = (draws - draws.mean(1, keepdim=True)).reshape(-1, dim)
+        current = chosen.preconditioner.double()
+        weight = dim + 5  # pseudo-draws of the current preconditioner
+        if current.dim() == 1:
+            measured = (centred.square().sum(0) + weight * current) / (chains * count - chains + weight)
+        else:
+            measured = (centred.T @ centred + weight * current) / (chains * count - chains + weight)
+        # the measured covariance in the current preconditioner's coordinates: the identity if it agrees
+        if current.dim() == 1:
+            spread = measured / current
+        else:
+            root = adaptation.square_root(current)
+            relative = torch.linalg.solve(root, torch.linalg.solve(root, measured).T)
+            spread = torch.linalg.eigvalsh((relative + relative.T) / 2)
+        # a covariance of n independent draws of a Gaussian in d dimensions spreads its eigenvalues over
+        # (1 -+ sqrt(d / n))^2 by chance alone (Marchenko-Pastur); the draws, half an autocorrelation time
+        # of the slowest direction apart, count about half
+        independent = chains * (count - 1) / 2
+        if dim >= independent / 4 or not bool(spread.isfinite().all()):
+            return
+        chance = ((1 + (dim / independent) ** 0.5) / (1 - (dim / independent) ** 0.5)) ** 2
+        if float(spread.max() / spread.min()) <= adaptation.DENSE_CONDITION * chance:
+            return
+        batch = self.current_batch_size
+        sampler = self._sampler(
+            chooses_batch_size=False,
+            batch_size="full" if batch is None else batch,
+            thinning=self.current_thinning,
+        )
+        self.adaptation = renewed = warmup.adapt(
+            pot,
+            sampler,
+            chosen.mode,
+            self._start.seeds[1],
+            measured.to(pot.dtype),
+            max_pilot_iterations=self._pilot_budget(),
+        )
+        _, start, _ = self.runner.constants
+        self.runner.constants = (
+            adaptation.preconditioned_step(renewed.step_size, renewed.preconditioner),
+            start,
+            EXPLOSION_SCALES * adaptation.marginal_scales(renewed.preconditioner),
+        )
 
     def _write_checkpoint(self) -> None:
         """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since

@@ -10,6 +10,7 @@ from pyro.distributions import constraints
 from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, SgldKernel, VrFaldKernel, convergence
+from pyro_fed.algorithms import adaptation
 from pyro_fed.testing import batch_means_standard_error
 
 KERNELS = [FaldKernel, VrFaldKernel, QlsdKernel, DulaKernel, SgldKernel]
@@ -212,3 +213,65 @@ def test_a_regression_on_an_uncentred_predictor_is_sampled_in_float32(kernel_typ
     assert draws["alpha"].dtype == torch.float32
     for k, name in enumerate(["alpha", "beta"]):
         check_against_exact(draws[name].double(), mean[k], sd[k])
+
+
+SCHOOLS_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SCHOOLS_SD = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def eight_schools(y, sd):
+    """Eight schools, non-centred (posteriordb's eight_schools_noncentered)."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    theta_tilde = pyro.sample("theta_tilde", dist.Normal(0.0, 1.0).expand([8]).to_event(1))
+    with pyro.plate("schools", 8) as idx:
+        pyro.sample("y", dist.Normal(mu + tau * theta_tilde[idx], sd[idx]), obs=y[idx])
+
+
+def exact_eight_schools() -> dict:
+    """Posterior means and sds of mu, tau and log tau by quadrature over log tau: given tau the model is
+    conjugate (y ~ N(0, diag(sd^2 + tau^2) + 25 J), mu | tau, y Gaussian; Gelman et al., BDA 5.4)."""
+    u = torch.linspace(-12.0, 8.0, 40001)
+    tau = u.exp()
+    cov = torch.diag_embed(SCHOOLS_SD.square() + tau[:, None].square()) + 25.0
+    evidence = dist.MultivariateNormal(torch.zeros(8), cov).log_prob(SCHOOLS_Y)
+    log_weight = evidence + dist.HalfCauchy(5.0).log_prob(tau) + u  # the Jacobian of tau = e^u
+    weight = (log_weight - log_weight.max()).exp()
+    weight = weight / weight.sum()
+    solved = torch.linalg.solve(cov, torch.stack([SCHOOLS_Y.expand(len(u), 8), torch.ones(len(u), 8)], -1))
+    mu_mean = 25.0 * solved[..., 0].sum(-1)
+    mu_var = 25.0 - 25.0**2 * solved[..., 1].sum(-1)
+
+    def moments(mean, second):
+        first = (weight * mean).sum()
+        return first, ((weight * second).sum() - first**2).sqrt()
+
+    return {
+        "mu": moments(mu_mean, mu_var + mu_mean**2),
+        "tau": moments(tau, tau**2),
+        "log_tau": moments(u, u**2),
+    }
+
+
+@pytest.mark.slow
+def test_a_hierarchical_posterior_gets_the_preconditioner_of_its_draws():
+    # the Laplace approximation at the mode puts log tau's variance far below the posterior's (its curvature
+    # varies with tau): the warm-up measures the chains' draws half way and takes their covariance, and the
+    # draws match the exact posterior
+    exact = exact_eight_schools()
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(eight_schools, 4)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=400, num_chains=4, disable_progbar=True)
+    mcmc.run(SCHOOLS_Y, SCHOOLS_SD)
+    draws = mcmc.get_samples(group_by_chain=True)
+    for name in ("mu", "tau"):
+        check_against_exact(draws[name], *exact[name])
+    # the preconditioner is the draws', not the Laplace approximation's (the inverse Hessian at the mode):
+    # in its coordinates the latter's eigenvalues spread over more than the window's rule allows by chance
+    chosen, pot = kernel.adaptation.preconditioner, kernel.potential
+    hessian = torch.autograd.functional.hessian(
+        lambda x: pot.total_potentials(x[None])[0], kernel.adaptation.mode
+    )
+    root = adaptation.square_root(chosen)
+    spread = torch.linalg.eigvalsh(root @ hessian @ root)
+    assert float(spread.max() / spread.min()) > adaptation.DENSE_CONDITION
