@@ -72,7 +72,17 @@ def step_sizes(
     return alpha, beta
 
 
-def consensus_step(
+class ConsensusAnalysis(NamedTuple):
+    """What :func:`consensus_analysis` found: the step, and the targets' state there."""
+
+    step: float  #: the largest step tried that meets the targets, or the last (smallest) one tried
+    met: bool  #: whether the targets are met at ``step`` (``True`` for a graph too large to analyse)
+    mean: float  #: the largest gap of the average's stationary mean at ``step``, in posterior sds
+    variance: float  #: the largest relative error of the average's stationary variance at ``step``
+    coordinate: int  #: the coordinate of the largest gap or error relative to its target (-1: none)
+
+
+def consensus_analysis(
     step: float,
     curvatures: torch.Tensor,
     gradients: torch.Tensor,
@@ -81,21 +91,32 @@ def consensus_step(
     *,
     variance_target: float,
     mean_target: float,
-) -> float:
+) -> ConsensusAnalysis:
     r"""The largest constant step :math:`\alpha \le` ``step`` (on the grid ``step`` :math:`\cdot\,
-    0.8^j`) at which, in every coordinate of a diagonal quadratic model of the agents, the average's
-    stationary variance is within ``variance_target`` (relative) of the posterior's and its mean within
-    ``mean_target`` posterior standard deviations of the mode.
+    0.8^j`, ``CONSENSUS_SHRINKS`` shrinks at most) at which, in every coordinate of a diagonal quadratic
+    model of the agents, the average's stationary variance is within ``variance_target`` (relative) of the
+    posterior's and its mean within ``mean_target`` posterior standard deviations of the posterior's; and
+    whether there is one.
 
-    The model: in a coordinate measured in posterior standard deviations from the mode, agent :math:`i` has
-    curvature :math:`c_i \ge 0` (its share of the Hessian's diagonal, :math:`\sum_i c_i = 1`) and gradient
-    :math:`g_i` at the mode (:math:`\sum_i g_i = 0`). D-ULA's deviations :math:`e` from the mode then
-    follow :math:`e \leftarrow A e - \alpha n g + \sqrt{2 \alpha n}\, z` with the symmetric
-    :math:`A = I - \beta L - \alpha n\, \mathrm{diag}(c)`, whose stationary law is exact: mean
-    :math:`-\alpha n (\beta L + \alpha n\, \mathrm{diag}(c))^{-1} g`, covariance :math:`2 \alpha n (I -
-    A^2)^{-1}`; the average reads :math:`\mathbf 1 / n` of them. With identical agents this is ULA's law
-    (variance :math:`1 / (1 - \alpha / 2)`, no bias): disagreement costs nothing; with heterogeneous ones
-    the bias and the variance's error grow with :math:`\alpha` over what the graph's mixing undoes.
+    The model: in a coordinate measured in posterior standard deviations, agent :math:`i` has curvature
+    :math:`c_i \ge 0` (its share of the Hessian's diagonal, :math:`\sum_i c_i = 1`) and gradient
+    :math:`g_i` at the point :math:`\hat x` where they were measured (the mode the warm-up found). The
+    model's posterior mode is where the gradients sum to zero, :math:`\hat x + e^\star` with
+    :math:`e^\star = -\sum_i g_i / \sum_i c_i`; measured from there, the gradients are :math:`g_i' = g_i +
+    c_i e^\star`, which sum to zero. D-ULA's deviations :math:`e` from the mode then follow :math:`e
+    \leftarrow A e - \alpha n g' + \sqrt{2 \alpha n}\, z` with the symmetric :math:`A = I - \beta L -
+    \alpha n\, \mathrm{diag}(c)`, whose stationary law is exact: mean :math:`-\alpha n (\beta L + \alpha
+    n\, \mathrm{diag}(c))^{-1} g'`, covariance :math:`2 \alpha n (I - A^2)^{-1}`; the average reads
+    :math:`\mathbf 1 / n` of them. With identical agents this is ULA's law (variance :math:`1 / (1 - \alpha
+    / 2)`, no bias): disagreement costs nothing; with heterogeneous ones the bias and the variance's error
+    grow with :math:`\alpha` over what the graph's mixing undoes, and vanish as :math:`\alpha \to 0`.
+
+    Measured from :math:`\hat x` itself rather than from the model's mode, the mean would carry
+    :math:`e^\star`, the search's own error, at every step: the search stops within a tenth of a posterior
+    sd of the mode (``MODE_TOLERANCE``, the Newton decrement, which bounds every coordinate's
+    :math:`|e^\star|`), or farther where it stalls (reported only beyond ``MODE_WARNING``, one sd). A
+    remainder near the target then cost a much smaller step, and one beyond it any step: the step shrank
+    ``CONSENSUS_SHRINKS`` times, to :math:`0.8^{60} \approx 10^{-6}` of the warm-up's, and the chains froze.
 
     Graphs of more than ``CONSENSUS_AGENTS`` agents are not analysed (``step`` is returned); at most the
     ``CONSENSUS_COORDINATES`` coordinates whose agents differ most are.
@@ -107,10 +128,12 @@ def consensus_step(
     """
     n = curvatures.shape[0]
     if n > CONSENSUS_AGENTS:
-        return step
+        return ConsensusAnalysis(step, True, math.nan, math.nan, -1)
     dtype = torch.float64
     c = curvatures.T.to(dtype).clamp_min(0)  # [d, n]
     g = gradients.T.to(dtype)
+    # from the model's own mode, where the agents' gradients sum to zero (see above)
+    g = g - c * g.sum(1, keepdim=True) / c.sum(1, keepdim=True).clamp_min(1e-300)
     # the coordinates where the agents differ most (identical agents cost nothing), at most
     # CONSENSUS_COORDINATES of them: each costs two n x n solves per step tried
     spread = (n * c - 1).square().sum(1) + g.square().sum(1)
@@ -119,7 +142,7 @@ def consensus_step(
     mixing = consensus_size * laplacian.to(dtype)
     eye = torch.eye(n, dtype=dtype)
     ones = torch.ones(n, 1, dtype=dtype)
-    alpha = step
+    alpha, last = step, ConsensusAnalysis(step, False, math.inf, math.inf, -1)
     for _ in range(CONSENSUS_SHRINKS):
         local = alpha * n * torch.diag_embed(c)  # [d, n, n]
         transition = eye - mixing - local
@@ -127,14 +150,45 @@ def consensus_step(
         if not bool(info.any()):  # |eigenvalues of A| < 1: stationary
             variance = (
                 2 * alpha * n * (ones.T @ torch.cholesky_solve(ones.expand(len(c), -1, -1), factor)) / n**2
+            ).flatten()
+            mean = (-alpha * n * (ones.T @ torch.linalg.solve(mixing + local, g)) / n).flatten()
+            error, gap = (variance - 1).abs(), mean.abs()
+            worst = torch.maximum(error / variance_target, gap / mean_target).argmax()
+            last = ConsensusAnalysis(
+                alpha,
+                bool((error <= variance_target).all()) and bool((gap <= mean_target).all()),
+                float(gap.max()),
+                float(error.max()),
+                int(chosen[worst]),
             )
-            mean = -alpha * n * (ones.T @ torch.linalg.solve(mixing + local, g)) / n
-            if bool(((variance - 1).abs() <= variance_target).all()) and bool(
-                (mean.abs() <= mean_target).all()
-            ):
-                return alpha
+            if last.met:
+                return last
+        else:
+            last = ConsensusAnalysis(alpha, False, math.inf, math.inf, -1)
         alpha *= CONSENSUS_SHRINK
-    return alpha
+    return last
+
+
+def consensus_step(
+    step: float,
+    curvatures: torch.Tensor,
+    gradients: torch.Tensor,
+    laplacian: torch.Tensor,
+    consensus_size: float,
+    *,
+    variance_target: float,
+    mean_target: float,
+) -> float:
+    """The step of :func:`consensus_analysis` (the last one tried where none meets the targets)."""
+    return consensus_analysis(
+        step,
+        curvatures,
+        gradients,
+        laplacian,
+        consensus_size,
+        variance_target=variance_target,
+        mean_target=mean_target,
+    ).step
 
 
 def disagreement(

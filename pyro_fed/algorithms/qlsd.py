@@ -42,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..engine.randomness import Randomness
 from .adaptation import control_variate_error
 from .base import Algorithm
 from .langevin import langevin_step
@@ -184,16 +185,26 @@ def estimate_noise(
     at the mode a fixed point's estimate is exact), compressed, from the active clients, with the memories
     where they settle: at the clients' full gradients at the mode ``full_at_mode`` (``[b, d]``; needed for
     ``"svrg"`` or a memory), so that what is quantised is only the estimates' fluctuation. The server's
-    estimate is one "client" (``b = 1``). Its uniforms and coins come from a generator of seed 0."""
-    generator = torch.Generator(device="cpu").manual_seed(0)
+    estimate is one "client" (``b = 1``).
+
+    The compressor's uniforms and the participation coins are drawn by blocks of clients from the streams of
+    a :class:`~pyro_fed.engine.randomness.Randomness` of seed 0, as the iterations draw theirs: each client's
+    from its block's stream wherever it is held, so that the estimate, and the step chosen from it, is the
+    same however the clients are split over processes (``network.held``)."""
     if control_variate is None:
         estimates = minibatch_gradients(points)
     else:
         estimates = control_variate_error(minibatch_gradients, mode, points)
     if control_variate == "svrg":
         estimates = estimates + full_at_mode
-    uniforms = torch.rand(estimates.shape, generator=generator, dtype=mode.dtype).to(mode.device)
-    active = torch.rand(estimates.shape[:-1], generator=generator).to(mode.device) < participation
+    *leading, _, d = estimates.shape  # [R, P, b, d]: the held clients
+    everyone = network.num_clients
+    held = network.held(everyone)
+    streams = Randomness(0, mode.device)
+    # each block of clients draws its uniforms, then its coins, from its own stream
+    uniforms = streams.client_uniform(*leading, num_clients=everyone, held=held, dim=d, dtype=mode.dtype)
+    coins = streams.client_uniform(*leading, num_clients=everyone, held=held, dim=1, dtype=mode.dtype)
+    active = coins[..., 0] < participation
     memory = full_at_mode.expand_as(estimates) if memory_rate > 0 else torch.zeros_like(estimates)
     uploads = compressor.compress(estimates - memory, uniforms)
     return aggregate(uploads, active, memory, network)[..., None, :]

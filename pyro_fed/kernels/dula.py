@@ -91,6 +91,9 @@ class DulaKernel(FederatedKernel):
     ):
         super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
         self.record_agents = bool(record_agents)
+        self._step_report = (
+            None  # why the automatic step leaves too few independent draws (finish_adaptation)
+        )
         self.graph_spec = graph
         #: the agents' :class:`~pyro_fed.network.graphs.Graph`, built at set-up
         self.graph = None
@@ -161,9 +164,13 @@ class DulaKernel(FederatedKernel):
 
     def finish_adaptation(self, chosen):
         """With an automatic constant step: the largest at most the warm-up's at which the agents'
-        disagreement costs the average little (:func:`~pyro_fed.algorithms.dula.consensus_step`, from each
-        agent's curvature and gradient at the mode: one more round of uploads), the thinning with it."""
+        disagreement costs the average little (:func:`~pyro_fed.algorithms.dula.consensus_analysis`, from
+        each agent's curvature and gradient at the mode: one more round of uploads; then the drift that
+        their disagreement causes on the curved potential), the thinning with it. A step cut so far that the
+        run's draws cannot be independent (``_step_problem``) is reported with a warning now, before the
+        run, and again by the end-of-run checks."""
         pot = self.potential
+        self._step_report = None
         if self.step_size is not None or self.schedule != "constant" or self.network.num_clients == 1:
             return chosen
         graph = self._graph()
@@ -172,39 +179,116 @@ class DulaKernel(FederatedKernel):
         # the analysis reads every agent's share, wherever the agents are held
         gradients = self.network.gather(pot.full_client_grads(chosen.mode)) / total.sqrt()
         self.network.record_averages(1, shared=True)
-        step = dula.consensus_step(
+        shares = self.network.gather(chosen.client_curvatures) / total
+        consensus = dula.consensus_analysis(
             chosen.step_size,
-            self.network.gather(chosen.client_curvatures) / total,
+            shares,
             gradients,
             graph.laplacian,
             self._consensus_size(),
             variance_target=adaptation.VARIANCE_TARGET,
             mean_target=CONSENSUS_MEAN_TARGET,
         )
-        step, rounds = self._within_disagreement(chosen, step)
+        step, rounds, drift = self._within_disagreement(chosen, consensus.step)
         thinning = chosen.thinning
         if self.thinning is None:
             thinning = adaptation.thinning_for(step, chosen.slowest)
+        self._step_report = self._step_problem(chosen, consensus, drift, step, thinning, shares)
+        if self._step_report is not None:
+            warnings.warn(f"pyro_fed: {self._step_report}.", stacklevel=2)
         return chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds)
 
-    def _within_disagreement(self, chosen, step: float) -> tuple[float, int]:
-        r"""The step, shrunk until the agents' gradients at their own, disagreeing points drift the average
-        by at most ``CONSENSUS_MEAN_TARGET`` posterior sds, and the rounds of uploads it cost.
+    def _step_problem(self, chosen, consensus, drift, step: float, thinning: int, shares) -> str | None:
+        r"""A sentence saying why the automatic step leaves the run too few independent draws, or ``None``.
 
-        The quadratic model of :func:`~pyro_fed.algorithms.dula.consensus_step` is blind to it: the agents
-        sit about :math:`\sqrt{2\alpha n}` posterior sds from their average (:func:`~pyro_fed.algorithms.
-        dula.disagreement`), where a curved potential's gradients no longer average to the gradient at the
-        average. Measured with the agents' real gradients at the typical points, with the disagreement drawn
-        in antithetic pairs :math:`\pm e` (the linear term cancels exactly, leaving the curvature's), as
-        the drift error :math:`\frac12 E[G(x + e) + G(x - e)] - \nabla U(x)`, :math:`G(z) = \sum_i \nabla
-        U_i(z_i)`, averaged over the points, in the preconditioned coordinates (a mean shift in posterior
-        sds). The step is halved until the drift is within the target, then bisected (geometrically) twice
-        between the last step that missed it and the first that met it: the drift grows with the
-        disagreement, which grows with the step until the graph's slow modes saturate."""
-        missed, met, rounds = None, None, 0
+        The average's slowest direction (curvature :math:`\lambda`, ``chosen.slowest``, in the
+        preconditioned coordinates) relaxes in :math:`1 / (a \lambda)` iterations at the step :math:`a`;
+        the run's sampling iterations cover :math:`T = a \lambda K` relaxation times, about :math:`T / 2`
+        independent draws per chain (as for the decaying schedule's check). Reported when that is below
+        ``ESS_PER_CHAIN`` while the thinning is the user's or at its cap (``MAX_THINNING``), so that the
+        step, not ``num_samples``, is what limits the draws, or when a target the step is cut for was met by
+        no step tried (the graph and the split leave no usable step)."""
+        num_samples = self.plan.num_samples
+        covered = step * chosen.slowest * thinning * (num_samples or 0)
+        unmet = not consensus.met or not drift[0]
+        short = (
+            num_samples is not None
+            and covered / 2 < convergence.ESS_PER_CHAIN
+            and self.thinning is None
+            and thinning >= adaptation.MAX_THINNING
+        )
+        if not (unmet or short) or step >= chosen.step_size:
+            return None
+        n, names = self.network.num_clients, self.potential.space.coordinate_names
+        eigenvalues = torch.linalg.eigvalsh(self._graph().laplacian)
+        gap, largest = float(eigenvalues[1]), float(eigenvalues[-1])
+        graph = self.graph_spec if isinstance(self.graph_spec, str) else "graph"
+        reasons = []
+        if consensus.coordinate >= 0 and (not consensus.met or consensus.step < chosen.step_size):
+            k = consensus.coordinate
+            agents = shares[:, k].argsort(descending=True)[:2].tolist()
+            held = float(shares[agents, k].sum())
+            reasons.append(
+                f"in the agents' quadratic model at the mode, the average's stationary mean is within "
+                f"{CONSENSUS_MEAN_TARGET:g} posterior sds of the posterior's and its variance within "
+                f"{adaptation.VARIANCE_TARGET:.0%} {'only at steps up to' if consensus.met else 'at no step'}"
+                f"{'' if consensus.met else ' down to'} {consensus.step:.3g} "
+                f"({'there' if consensus.met else 'at that step'}: the mean {consensus.mean:.3g} sds off, "
+                f"the variance {consensus.variance:.1%} off; worst in {names[k]}, "
+                f"where agents {agents[0]} and {agents[1]} hold {held:.0%} of the curvature)"
+            )
+        met, value, cut_for_drift = drift
+        if cut_for_drift:
+            reasons.append(
+                f"the drift of the average that the agents' disagreement causes on the curved potential is "
+                f"{value:.3g} posterior sds at {step:.3g}, {'within' if met else 'still above'} its "
+                f"target of {CONSENSUS_MEAN_TARGET:g}"
+            )
+        sentence = (
+            f"D-ULA's automatic step is {step:.3g}, the warm-up's {chosen.step_size:.3g} (stable for each "
+            f"agent) cut {chosen.step_size / step:.3g}-fold on this {graph} of {n} agents (the Laplacian's "
+            f"spectral gap {gap:.3g}, its largest eigenvalue {largest:.3g}): "
+            f"{'; '.join(reasons)}. An iteration moves the average {step * chosen.slowest:.3g} of a "
+            "relaxation time of its slowest direction"
+        )
+        if num_samples is not None:
+            sentence += (
+                f"; the {num_samples} draws of {thinning} iterations cover {covered:.3g} relaxation times, "
+                f"about {covered / 2:.3g} independent draws per chain"
+            )
+        what = "the graph and the split leave no usable step" if unmet else "the chains will barely move"
+        return (
+            f'{sentence}. So {what}: a better-connected graph ("complete" mixes in one exchange), clients '
+            "whose data are alike, or a step_size of your own (at the cost of the bias these targets bound)"
+            + ("" if unmet else ", or more num_samples")
+        )
+
+    def warmup_problems(self) -> list[str]:
+        problems = super().warmup_problems()
+        if self._step_report is not None and self.adaptation is not None:
+            problems.append(self._step_report)
+        return problems + self._decaying_problems()
+
+    def _within_disagreement(self, chosen, step: float) -> tuple[float, int, tuple[bool, float, bool]]:
+        r"""The step, shrunk until the agents' gradients at their own, disagreeing points drift the average
+        by at most ``CONSENSUS_MEAN_TARGET`` posterior sds, the rounds of uploads it cost, and whether the
+        target was met, the drift at the step returned and whether any step was cut for it.
+
+        The quadratic model of :func:`~pyro_fed.algorithms.dula.consensus_analysis` is blind to it: the
+        agents sit about :math:`\sqrt{2\alpha n}` posterior sds from their average (:func:`~pyro_fed.
+        algorithms.dula.disagreement`), where a curved potential's gradients no longer average to the
+        gradient at the average. Measured with the agents' real gradients at the typical points, with the
+        disagreement drawn in antithetic pairs :math:`\pm e` (the linear term cancels exactly, leaving the
+        curvature's), as the drift error :math:`\frac12 E[G(x + e) + G(x - e)] - \nabla U(x)`, :math:`G(z)
+        = \sum_i \nabla U_i(z_i)`, averaged over the points, in the preconditioned coordinates (a mean
+        shift in posterior sds). The step is halved until the drift is within the target, then bisected
+        (geometrically) twice between the last step that missed it and the first that met it: the drift
+        grows with the disagreement, which grows with the step until the graph's slow modes saturate."""
+        missed, met, rounds, drifts = None, None, 0, {}
         for _ in range(DISAGREEMENT_CHECKS):
             rounds += 1  # the agents upload their gradients at all the draws together
-            if self._disagreement_drift(chosen, step) <= CONSENSUS_MEAN_TARGET:
+            drifts[step] = self._disagreement_drift(chosen, step)
+            if drifts[step] <= CONSENSUS_MEAN_TARGET:
                 met = step
                 if missed is None:  # the largest step tried: nothing to refine
                     break
@@ -216,7 +300,10 @@ class DulaKernel(FederatedKernel):
                 break
             else:
                 step = (missed * met) ** 0.5
-        return (met if met is not None else step), rounds
+        if met is None:  # the last step tried
+            met_step = min(drifts)
+            return met_step, rounds, (False, drifts[met_step], True)
+        return met, rounds, (True, drifts[met], missed is not None)
 
     def _disagreement_drift(self, chosen, step: float) -> float:
         """The largest drift of the average, in posterior sds, from the agents' disagreement at ``step``
@@ -230,14 +317,17 @@ class DulaKernel(FederatedKernel):
         draws = dula.disagreement(
             self.graph.laplacian, self._consensus_size(), step, pot.dim, DISAGREEMENT_PAIRS, generator
         )
-        offsets = adaptation.whiten(root, draws.to(points))
-        agents = points[:, None, None, :] + torch.cat([offsets, -offsets])[None]  # [P, 2R, n, d]
+        # the disagreement of all the agents (drawn alike wherever they are held), of which each process
+        # evaluates its own agents' gradients: the sum over all of them is the same for any split
+        offsets = adaptation.whiten(root, draws[:, self.network.held(self.network.num_clients)].to(points))
+        agents = points[:, None, None, :] + torch.cat([offsets, -offsets])[None]  # [P, 2R, b, d]
         summed = self.network.sum(pot.full_client_grads(agents.reshape(-1, pot.num_clients, pot.dim)))
         drift = summed.reshape(len(points), -1, pot.dim).mean(1) - pot.total_gradient(points)
         return float(adaptation.whiten(root, drift.mean(0)).abs().max())
 
-    def warmup_problems(self) -> list[str]:
-        problems = super().warmup_problems()
+    def _decaying_problems(self) -> list[str]:
+        """The decaying schedule's check: the relaxation times its shrinking steps covered."""
+        problems = []
         if self.schedule != "decaying" or self.adaptation is None or self._iterations_needed is None:
             # a step of the user's, in the model's own units, has no known curvature to be measured against:
             # Stan's checks speak for it

@@ -11,7 +11,9 @@ from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel, to_inference_data
 from pyro_fed.kernels.chunks import ChunkRunner
+from pyro_fed.kernels.dula import CONSENSUS_MEAN_TARGET
 from pyro_fed.network.distributed import CENSUS_SECONDS, shard
+from pyro_fed.partition import dirichlet
 from tests.models import logistic_model, regression_data
 from tests.network.forked import run_forked
 
@@ -113,6 +115,78 @@ def test_clients_of_a_block_split_between_ranks_draw_what_they_draw_in_one_proce
         expected, _ = draws(name, clients, regression_data(num_data=num_data, dim=3))
         for result in results:
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
+
+
+# the warm-up with everything automatic on clients that differ: a label-skewed split of a logistic regression
+SKEWED_DATA, SKEWED_CLIENTS = 200, 8
+AUTOMATIC = {
+    "QLSD++ 2^8 levels, participation 0.5": lambda c, **kw: QlsdKernel(
+        logistic_model, c, quantization_levels=2**8, control_variate="svrg", participation=0.5, **kw
+    ),
+    "D-ULA ring": lambda c, **kw: DulaKernel(logistic_model, c, **kw),
+    "D-ULA graph": lambda c, **kw: DulaKernel(logistic_model, c, graph="erdos_renyi", **kw),
+}
+
+
+def skewed_data():
+    """Binary labels of a logistic regression, split over 8 clients by a Dirichlet(0.5) label skew: clients
+    of 4 to 55 points, with 7% to 100% of ones (their posteriors and gradients differ)."""
+    x, _ = regression_data(num_data=SKEWED_DATA, dim=3)
+    generator = torch.Generator().manual_seed(1)
+    y = (
+        torch.rand(SKEWED_DATA, generator=generator) < torch.sigmoid(x @ torch.tensor([1.0, -1.0, 0.5]))
+    ).double()
+    return x, y, dirichlet(y, SKEWED_CLIENTS, alpha=0.5, seed=0)
+
+
+def automatic_run(name, clients, data, network=None):
+    """The draws of an automatic run, its step, and for D-ULA the drift of the average that the agents'
+    disagreement causes (what its automatic step is shrunk by) at the chosen step and at 2 and 4 times it."""
+    kernel = AUTOMATIC[name](clients, network=network, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    mcmc.run(*data)
+    step = kernel.current_step_size
+    drifts = []
+    if isinstance(kernel, DulaKernel):
+        drifts = [kernel._disagreement_drift(kernel.adaptation, factor * step) for factor in (1, 2, 4)]
+    return mcmc.get_samples(group_by_chain=True)["w"], step, drifts
+
+
+def automatic_on_ranks(rank, world_size, network):
+    x, y, assignment = skewed_data()
+    rows, clients = shard(assignment, SKEWED_DATA, network)
+    return {name: automatic_run(name, clients, (x[rows], y[rows]), network) for name in AUTOMATIC}
+
+
+@pytest.fixture(scope="module")
+def one_process_automatic_runs():
+    x, y, assignment = skewed_data()
+    clients = [torch.nonzero(assignment == i).flatten() for i in range(SKEWED_CLIENTS)]
+    return {name: automatic_run(name, clients, (x, y)) for name in AUTOMATIC}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_automatic_warm_up_on_differing_clients_gives_the_one_process_draws_on_every_layout(
+    world_size, one_process_automatic_runs
+):
+    # 8 clients: blocks of 4 and 4, or of 2, 3 and 3. Everything the warm-up draws for the clients (QLSD's
+    # compressor uniforms and participation coins of its noise measure, D-ULA's disagreement) is drawn by
+    # blocks of clients or for all agents alike, and every reduction is over all clients: the same step, the
+    # same draws
+    expected = one_process_automatic_runs
+    results = run_forked(automatic_on_ranks, world_size, timeout_seconds=300)
+    for name, (draws_expected, step, drifts) in expected.items():
+        for result in results:
+            draws_here, step_here, drifts_here = result[name]
+            # sums over clients reassociated over blocks: float64 rounding
+            assert step_here == pytest.approx(step, rel=1e-12), name
+            torch.testing.assert_close(torch.tensor(drifts_here), torch.tensor(drifts), rtol=1e-9, atol=0)
+            torch.testing.assert_close(draws_here, draws_expected, rtol=1e-9, atol=1e-9)
+    # D-ULA's disagreement shrinks its step here (the drift at twice the step is past its target): the
+    # search that decides it ran, on drifts measured the same on every layout
+    for name in ("D-ULA ring", "D-ULA graph"):
+        assert expected[name][2][1] > CONSENSUS_MEAN_TARGET
 
 
 def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likelihood_and_rank_0_the_bar():
