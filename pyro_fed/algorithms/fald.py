@@ -91,6 +91,33 @@ def averages(communicated: np.ndarray) -> np.ndarray:
     return communicated.astype(np.int64)
 
 
+def drift_bias(
+    step: torch.Tensor, comm_prob: float, hessians: torch.Tensor, gradients: torch.Tensor, network
+) -> torch.Tensor:
+    r"""The stationary bias of the reported draw's mean from client drift, ``[d]``, in a quadratic model of
+    the clients at the mode: client :math:`i`'s gradient :math:`H_i y + g_i` (``hessians`` ``[b, d, d]`` and
+    ``gradients`` ``[b, d]`` of the held clients, the sums over clients by the ``network``; :math:`y` the
+    offset from the mode) and the preconditioned step ``step`` :math:`\gamma M` (``[d, d]``). With
+    :math:`A_i = I - \gamma M H_i` the client means follow :math:`m_i = (1 - p_c)(A_i m_i - \gamma M g_i) +
+    p_c\, c`, :math:`c = \frac1b \sum_j (A_j m_j - \gamma M g_j)` (the expectation over the coins is
+    linear), and every draw's mean is :math:`c`, the solution of
+
+    .. math::
+
+        \Big(I - \frac{p_c}{b} \sum_i A_i E_i^{-1}\Big) c = -\frac1b \sum_i E_i^{-1} \gamma M g_i,
+        \qquad E_i = I - (1 - p_c) A_i:
+
+    0 at :math:`p_c = 1` (the mode's :math:`\sum_i g_i = 0`), the average of the clients' own modes'
+    offsets :math:`-\frac1b \sum_i H_i^{-1} g_i` as :math:`p_c \to 0`. In float64."""
+    b, d = network.num_clients, gradients.shape[-1]
+    identity = torch.eye(d, dtype=torch.float64, device=gradients.device)
+    moves = identity - step.double() @ hessians.double()  # A_i
+    inverses = torch.linalg.inv(identity - (1 - comm_prob) * moves)  # E_i^-1
+    kept = network.sum((moves @ inverses).reshape(-1, d * d)).reshape(d, d)
+    pushed = network.sum((inverses @ (step.double() @ gradients.double()[..., None]))[..., 0])
+    return torch.linalg.solve(identity - comm_prob / b * kept, -pushed / b)
+
+
 @dataclass(kw_only=True)
 class Fald(Algorithm):
     """FALD as an :class:`~pyro_fed.algorithms.base.Algorithm`.

@@ -362,6 +362,8 @@ class FederatedKernel(MCMCKernel):
                 pot.total_potentials, self.adaptation.mode, positions - self.adaptation.mode
             )
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
+        if saved is None:
+            self.warn_before_run()
         algorithm = self.make_algorithm(
             network=network,
             num_chains=num_chains,
@@ -535,6 +537,10 @@ class FederatedKernel(MCMCKernel):
         """What the warm-up chose, with the kernel's own last word (D-ULA: a step its graph's mixing
         allows); as it is by default."""
         return chosen
+
+    def warn_before_run(self) -> None:
+        """The kernel's own warnings once the warm-up chose its settings, before the chains start (FALD's
+        client drift); none by default."""
 
     def chooses_batch_size(self) -> bool:
         """Whether the warm-up chooses the minibatch size: when neither it nor the step size is given."""

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
-from ..algorithms import fald
+import torch
+
+from ..algorithms import adaptation, fald
 from .arguments import check_probability
 from .base import FederatedKernel
+
+#: client drift (in posterior sds of the draws' mean) above which FALD warns before the run
+DRIFT_WARNING = 0.1
 
 
 class FaldKernel(FederatedKernel):
@@ -128,6 +134,44 @@ class FaldKernel(FederatedKernel):
 
     def make_algorithm(self, **common) -> fald.Fald:
         return fald.Fald(comm_prob=self.comm_prob, noise_corr=self.noise_corr, **common)
+
+    def warn_before_run(self) -> None:
+        """Warn when client drift between averaging rounds moves the draws' mean by more than
+        ``DRIFT_WARNING`` posterior sds (:func:`~pyro_fed.algorithms.fald.drift_bias`, in a quadratic model of
+        the clients at the warm-up's mode), with the ``comm_prob`` that would keep it within that."""
+        chosen, pot = self.adaptation, self.potential
+        if chosen is None or self.comm_prob == 1.0 or pot.dim > adaptation.DENSE_DIMENSIONS:
+            return
+        # every client's Hessian at the mode (d Hessian-vector products per client, as the warm-up's)
+        basis = torch.eye(pot.dim, dtype=pot.dtype, device=pot.device)[:, None, :]
+        products = adaptation.hessian_products(
+            pot.full_gradient_fn, chosen.mode, basis.expand(-1, pot.num_clients, -1)
+        )
+        hessians = products.movedim(0, -1)  # [b, d, d]
+        gradients = self._full_gradients(chosen.mode[None])[0]
+        mass = chosen.preconditioner
+        step = chosen.step_size * (mass.diag() if mass.dim() == 1 else mass)
+        scales = adaptation.marginal_scales(mass).double()
+
+        def worst(comm_prob: float) -> float:
+            bias = fald.drift_bias(step, comm_prob, hessians, gradients, pot.network)
+            return float((bias.abs() / scales).max())
+
+        bias = worst(self.comm_prob)
+        if bias <= DRIFT_WARNING:
+            return
+        low, high = self.comm_prob, 1.0  # the smallest comm_prob within the bound, to a factor of 1.5
+        while high / low > 1.5:
+            middle = (low * high) ** 0.5
+            low, high = (low, middle) if worst(middle) <= DRIFT_WARNING else (middle, high)
+        warnings.warn(
+            f"{type(self).__name__}: with comm_prob={self.comm_prob:.3g} the clients drift toward their own "
+            "posteriors between averaging rounds: in a quadratic model of the clients at the mode, the "
+            f"draws' mean is {bias:.2g} posterior sds off (client drift; the target is {DRIFT_WARNING}). "
+            f"comm_prob={high:.2g} or more keeps it within that; VrFaldKernel's control variates remove the "
+            "drift.",
+            stacklevel=2,
+        )
 
     def averages_every_iteration(self) -> bool:
         return self.comm_prob == 1.0

@@ -61,6 +61,10 @@ class VrFaldKernel(FaldKernel):
             **common,
         )
 
+    def warn_before_run(self) -> None:
+        """None: the control variates' shift makes every client's expected gradient the average's, so the
+        clients do not drift between rounds."""
+
     def gradient_evaluations(self, minibatches: bool) -> int:
         # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
         return 2 if minibatches else 1

@@ -1,6 +1,7 @@
 """FaldKernel: exact stationary law on a Gaussian target, SGLD limit, reproducibility, Pyro integration."""
 
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -314,3 +315,40 @@ def test_non_finite_gradient_at_the_initial_point_is_refused():
     kernel = FaldKernel(model, 4, step_size=1e-3, init_strategy=start, gradient_mode="traced")
     with pytest.raises(ValueError, match=r"gradient is not finite at the initial point .*sites \['w'\]"):
         run(kernel, (x, y), num_samples=3, warmup=0)
+
+
+@pytest.mark.parametrize("comm_prob", [0.02, 0.2, 0.7])
+def test_the_drift_bias_is_the_exact_laws_offset_on_gaussian_clients(comm_prob):
+    # Gaussian clients are their own quadratic model: the drift bias must be the exact stationary law's
+    # mean minus the posterior's (a linear recursion: its mean is exact whatever the noise correlation)
+    from pyro_fed.algorithms.fald import drift_bias
+    from pyro_fed.network.in_process import InProcessNetwork
+
+    _, _, _, exact = heterogeneous_problem()
+    mean, _ = exact.posterior()
+    step = 4 * 0.4 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
+    law = fald_stationary_law(exact, step, comm_prob, 0.5)
+    network = InProcessNetwork()
+    network.attach(exact.num_clients, exact.dim, 1)
+    bias = drift_bias(
+        step * torch.eye(exact.dim), comm_prob, exact.precisions, exact.gradients(mean), network
+    )
+    torch.testing.assert_close(bias, law.mean - mean, rtol=1e-6, atol=1e-10)
+
+
+def test_fald_warns_before_the_run_when_client_drift_moves_the_mean():
+    # 4 clients split by the quadrant of their two features, one averaging round per million iterations:
+    # each client samples near its own posterior, 0.7 posterior sds from the whole one's mean (measured)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 2, generator=g)
+    y = x @ torch.tensor([1.0, -1.0]) + 0.5 * torch.randn(200, generator=g)
+    quadrants = (x[:, 0] > 0).long() * 2 + (x[:, 1] > 0).long()
+    with pytest.warns(
+        UserWarning, match=r"comm_prob=1e-06 the clients drift .* mean is 0\.\d+ posterior sds"
+    ):
+        run(FaldKernel(gaussian_regression(0.5), quadrants, comm_prob=1e-6), (x, y), num_samples=2, warmup=0)
+    # averaging at every iteration: no drift, no warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(FaldKernel(gaussian_regression(0.5), quadrants), (x, y), num_samples=2, warmup=0)
+    assert not [w for w in caught if "drift" in str(w.message)]
