@@ -45,6 +45,12 @@ def regression_data(num_data=40, dim=3, seed=0):
     return x, y
 
 
+def logistic_data(num_data=40, dim=3, seed=0):
+    """:func:`regression_data`'s features with its responses' signs as 0/1 labels (a Bernoulli's support)."""
+    x, y = regression_data(num_data, dim, seed)
+    return x, (y > 0).to(x.dtype)
+
+
 def lkj_normal(y):
     """A multivariate normal with an LKJCholesky correlation prior: TorchInductor cannot compile its
     potential (the correlation's transform has a data-dependent shape), so every compiled function falls

@@ -474,24 +474,25 @@ def noise_profile(draws: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
     return whiten(root, draws).var(0).mean(0)
 
 
-def gradient_noise(profile: torch.Tensor, network) -> float:
+def gradient_noise(profile: torch.Tensor, network, per_client: bool = True) -> float:
     r""":math:`\max_k \bar V_k`, :math:`V_k` the variance of the sum over clients of their gradient estimates
     (the clients' minibatches are independent) in the preconditioned coordinates and :math:`\bar V_k` its
-    average over the points, from the clients' :func:`noise_profile` (``[b, d]``, summed by the ``network``;
-    one row: a server's estimate, already the sum)."""
-    return float((network.sum(profile) if profile.shape[0] > 1 else profile[0]).max())
+    average over the points, from the clients' :func:`noise_profile` (``[b, d]``, summed by the ``network``),
+    or from a server's estimate of the sum (``per_client=False``: one row, already the sum). Said, not read
+    from the shape: a process holding one client has one row too."""
+    return float((network.sum(profile) if per_client else profile[0]).max())
 
 
 def _finite_population(
-    client_sizes: torch.Tensor, batch: int | torch.Tensor, per_client: bool
+    client_sizes: torch.Tensor, batch: int | torch.Tensor, per_client: bool, network
 ) -> torch.Tensor:
     r""":math:`N_i^2 (1/n_i - 1/N_i)`, :math:`n_i = \min(n, N_i)`: the factor of the variance of client
     :math:`i`'s minibatch estimate (:math:`N_i/n_i` times a sum of :math:`n_i` of its :math:`N_i` terms,
-    drawn without replacement) over its terms' variance; ``[b]``, or summed (``[1]``) for an estimate of the
-    server's."""
+    drawn without replacement) over its terms' variance; ``[b]``, or summed over all clients, wherever they
+    are held (``[1]``), for an estimate of the server's."""
     sizes = client_sizes.double()
     factor = sizes.square() * (1.0 / client_batch_sizes(batch, client_sizes).double() - 1.0 / sizes)
-    return factor if per_client else factor.sum(0, keepdim=True)
+    return factor if per_client else network.sum(factor, -1).reshape(1)
 
 
 def probe_batch_sizes(client_sizes: torch.Tensor) -> torch.Tensor:
@@ -510,18 +511,18 @@ def batch_noise(
     probe_batch: int | torch.Tensor,
     batch: int,
     network,
+    per_client: bool = True,
 ) -> float:
     r"""The gradient noise :math:`\max_k \sum_i V_{ik}(n)` (as :func:`gradient_noise`) predicted at
     minibatch size ``batch`` from the noise profiles (:func:`noise_profile`) measured with full local batches
     (``full``: the part no minibatch removes, compression's or participation's; zeros for exact gradients)
     and at ``probe_batch`` (``probe``): the minibatch's part of client :math:`i`'s variance scales as
     :math:`N_i^2 (1/n_i - 1/N_i)` (sampling without replacement), exactly in expectation. Profiles of one
-    row (a server's estimate of the sum) scale with the clients' factors summed."""
-    per_client = probe.shape[0] == client_sizes.shape[0] > 1
-    at_probe = _finite_population(client_sizes, probe_batch, per_client)
-    scale = _finite_population(client_sizes, batch, per_client) / at_probe.clamp_min(1e-300)
+    row (a server's estimate of the sum, ``per_client=False``) scale with all clients' factors summed."""
+    at_probe = _finite_population(client_sizes, probe_batch, per_client, network)
+    scale = _finite_population(client_sizes, batch, per_client, network) / at_probe.clamp_min(1e-300)
     variance = full.double() + (probe.double() - full.double()).clamp_min(0) * scale[:, None]
-    return gradient_noise(variance, network)
+    return gradient_noise(variance, network, per_client)
 
 
 def choose_batch_size(
@@ -532,6 +533,7 @@ def choose_batch_size(
     allowed: float,
     evaluations: int,
     network,
+    per_client: bool = True,
 ) -> int | None:
     r"""The automatic minibatch size: the smallest :math:`n` whose noise (:func:`batch_noise`) exceeds the
     full batches' by at most ``allowed``; ``None`` (full local batches) where that :math:`n` would evaluate
@@ -540,11 +542,11 @@ def choose_batch_size(
     stability, set the step (a step proportional to :math:`n` for a cost that barely falls with it, since an
     iteration has a fixed cost); larger ones cost more for the same step."""
     largest = int(network.maximum(client_sizes, -1))  # over all clients, wherever they are held
-    base = batch_noise(full, probe, client_sizes, probe_batch, largest, network)
+    base = batch_noise(full, probe, client_sizes, probe_batch, largest, network, per_client)
     low, high = 1, largest
     while low < high:  # the noise falls as n grows
         middle = (low + high) // 2
-        if batch_noise(full, probe, client_sizes, probe_batch, middle, network) <= base + allowed:
+        if batch_noise(full, probe, client_sizes, probe_batch, middle, network, per_client) <= base + allowed:
             high = middle
         else:
             low = middle + 1

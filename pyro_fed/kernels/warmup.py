@@ -164,7 +164,7 @@ def _batch_and_noise(
         if batch is None and not sampler.random_at_full_batch:
             return None, 0.0, 0
         profile = _noise_profile(pot, sampler, seed, mode, points, root, batch)
-        return batch, adaptation.gradient_noise(profile, pot.network), 1
+        return batch, adaptation.gradient_noise(profile, pot.network, not sampler.server_step), 1
     # each client's probe, for all clients wherever they are held (the minibatch sampler's rule), and the
     # held clients' own
     sizes, probe = pot.client_sizes, adaptation.probe_batch_sizes(pot.all_client_sizes)
@@ -175,11 +175,14 @@ def _batch_and_noise(
     probed = _noise_profile(pot, sampler, seed, mode, points, root, probe)
     full = torch.zeros_like(probed) if full is None else full
     allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
+    # the clients' own estimates, or a server's of their sum (one row: said, as a process holding one
+    # client has one row too)
+    per_client = not sampler.server_step
     batch = adaptation.choose_batch_size(
-        full, probed, sizes, held_probe, allowed, sampler.gradient_evaluations, pot.network
+        full, probed, sizes, held_probe, allowed, sampler.gradient_evaluations, pot.network, per_client
     )
     noise = adaptation.batch_noise(
-        full, probed, sizes, held_probe, batch or int(pot.all_client_sizes.max()), pot.network
+        full, probed, sizes, held_probe, batch or int(pot.all_client_sizes.max()), pot.network, per_client
     )
     return batch, noise, 1 + (sampler.random_at_full_batch or 0)
 

@@ -11,7 +11,7 @@ from pyro_fed.engine.randomness import Randomness
 from pyro_fed.network.base import BITS_PER_FLOAT
 from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import fald_stationary_law, heterogeneous_gaussian_clients
-from tests.models import logistic_model, regression_data
+from tests.models import logistic_data, logistic_model
 
 
 def run_by_contract(algorithm: Algorithm, start: torch.Tensor, gradients, step_size, iterations, seed=0):
@@ -64,7 +64,7 @@ def test_fald_run_by_its_contract_has_its_exact_stationary_law():
 def test_every_kernel_runs_an_algorithm_of_its_module(kernel, expected):
     from pyro.infer import MCMC
 
-    MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True).run(*regression_data(num_data=20))
+    MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True).run(*logistic_data(num_data=20))
     assert type(kernel.algorithm) is expected and isinstance(kernel.algorithm, Algorithm)
     assert kernel.algorithm.network is kernel.network
 

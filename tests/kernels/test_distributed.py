@@ -14,7 +14,7 @@ from pyro_fed.kernels.chunks import ChunkRunner
 from pyro_fed.kernels.dula import CONSENSUS_MEAN_TARGET
 from pyro_fed.network.distributed import CENSUS_SECONDS, shard
 from pyro_fed.partition import dirichlet
-from tests.models import logistic_model, regression_data
+from tests.models import logistic_data, logistic_model
 from tests.network.forked import run_forked
 
 NUM_DATA, NUM_CLIENTS = 60, 6
@@ -60,7 +60,7 @@ def on_ranks(names):
     """Each rank loads only its clients' rows of the data and runs the kernels on them."""
 
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        x, y = logistic_data(num_data=NUM_DATA, dim=3)
         rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
         return {name: draws(name, clients, (x[rows], y[rows]), network) for name in names}
 
@@ -74,7 +74,7 @@ def two_ranks():
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_two_ranks_give_the_one_process_draws(two_ranks, name):
-    expected, expected_bits = draws(name, NUM_CLIENTS, regression_data(num_data=NUM_DATA, dim=3))
+    expected, expected_bits = draws(name, NUM_CLIENTS, logistic_data(num_data=NUM_DATA, dim=3))
     first, second = (result[name] for result in two_ranks)
     # the ranks reduce the same partial sums in the same order: the same bits on both
     assert torch.equal(first[0], second[0]) and first[1] == second[1]
@@ -89,15 +89,39 @@ def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():
     names = ["FALD", "QLSD#", "D-ULA ring"]
 
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        x, y = logistic_data(num_data=NUM_DATA, dim=3)
         rows, clients = shard(7, NUM_DATA, network)
         return {name: draws(name, clients, (x[rows], y[rows]), network)[0] for name in names}
 
     results = run_forked(run, 3, timeout_seconds=300)
     for name in names:
-        expected, _ = draws(name, 7, regression_data(num_data=NUM_DATA, dim=3))
+        expected, _ = draws(name, 7, logistic_data(num_data=NUM_DATA, dim=3))
         for result in results:
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
+
+
+def local_steps_automatic(clients, data, network=None):
+    """FALD with local steps (its stiffness per client) and everything else automatic."""
+    kernel = FaldKernel(logistic_model, clients, comm_prob=0.5, network=network, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    mcmc.run(*data)
+    return mcmc.get_samples(group_by_chain=True)["w"]
+
+
+def test_a_rank_holding_one_client_runs_the_automatic_warm_up_of_the_others():
+    # 3 clients over 2 ranks (1 and 2): the minibatch noise of the clients' own estimates was told from a
+    # server's by the number of rows held, so the rank with one row skipped the others' sum
+
+    def run(rank, world_size, network):
+        x, y = logistic_data(num_data=NUM_DATA, dim=3)
+        rows, clients = shard(3, NUM_DATA, network)
+        return local_steps_automatic(clients, (x[rows], y[rows]), network)
+
+    results = run_forked(run, 2, timeout_seconds=300)
+    expected = local_steps_automatic(3, logistic_data(num_data=NUM_DATA, dim=3))
+    for result in results:
+        torch.testing.assert_close(result, expected, rtol=1e-9, atol=1e-9)
 
 
 def test_clients_of_a_block_split_between_ranks_draw_what_they_draw_in_one_process():
@@ -106,13 +130,13 @@ def test_clients_of_a_block_split_between_ranks_draw_what_they_draw_in_one_proce
     names, clients, num_data = ["FALD", "QLSD#", "D-ULA ring"], 600, 3600
 
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=num_data, dim=3)
+        x, y = logistic_data(num_data=num_data, dim=3)
         rows, held = shard(clients, num_data, network)
         return {name: draws(name, held, (x[rows], y[rows]), network)[0] for name in names}
 
     results = run_forked(run, 2, timeout_seconds=300)
     for name in names:
-        expected, _ = draws(name, clients, regression_data(num_data=num_data, dim=3))
+        expected, _ = draws(name, clients, logistic_data(num_data=num_data, dim=3))
         for result in results:
             torch.testing.assert_close(result[name], expected, rtol=1e-9, atol=1e-9)
 
@@ -131,7 +155,7 @@ AUTOMATIC = {
 def skewed_data():
     """Binary labels of a logistic regression, split over 8 clients by a Dirichlet(0.5) label skew: clients
     of 4 to 55 points, with 7% to 100% of ones (their posteriors and gradients differ)."""
-    x, _ = regression_data(num_data=SKEWED_DATA, dim=3)
+    x, _ = logistic_data(num_data=SKEWED_DATA, dim=3)
     generator = torch.Generator().manual_seed(1)
     y = (
         torch.rand(SKEWED_DATA, generator=generator) < torch.sigmoid(x @ torch.tensor([1.0, -1.0, 0.5]))
@@ -191,7 +215,7 @@ def test_the_automatic_warm_up_on_differing_clients_gives_the_one_process_draws_
 
 def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likelihood_and_rank_0_the_bar():
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        x, y = logistic_data(num_data=NUM_DATA, dim=3)
         rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
         mcmc = run_kernel("FALD", clients, (x[rows], y[rows]), network)
         try:
@@ -203,7 +227,7 @@ def test_each_rank_has_the_whole_posterior_for_arviz_refuses_a_partial_log_likel
         shown = not MCMC(KERNELS["FALD"](clients, network=network), num_samples=1).sampler.disable_progbar
         return refused, torch.as_tensor(data.posterior["w"].values), "observed_data" in data.groups(), shown
 
-    expected = run_kernel("FALD", NUM_CLIENTS, regression_data(num_data=NUM_DATA, dim=3))
+    expected = run_kernel("FALD", NUM_CLIENTS, logistic_data(num_data=NUM_DATA, dim=3))
     whole = expected.get_samples(group_by_chain=True)["w"]
     results = run_forked(run, 2, timeout_seconds=300)
     assert [result[-1] for result in results] == [True, False]
@@ -218,7 +242,7 @@ def faulty_run(network, fault):
     ``(kind, seconds, message)`` of the error the run raised here (``seconds`` since this rank's last chunk
     began; the error is caught and the process lives on, as in a notebook), or ``("finished", None,
     None)``."""
-    x, y = regression_data(num_data=NUM_DATA, dim=3)
+    x, y = logistic_data(num_data=NUM_DATA, dim=3)
     rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
     kernel = FaldKernel(logistic_model, clients, step_size=0.01, batch_size=4, chunk_size=8, network=network)
     original, calls = ChunkRunner.run_chunk, []
@@ -289,7 +313,7 @@ def test_an_error_of_one_rank_alone_stops_the_other_within_seconds_and_names_it(
 
 def test_an_input_every_rank_refuses_leaves_the_group_for_another_run_whose_faults_are_its_own():
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=3)
+        x, y = logistic_data(num_data=NUM_DATA, dim=3)
         rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
         data = (x[rows], y[rows])
         options = {"step_size": 0.01, "chunk_size": 8, "network": network}
@@ -311,7 +335,7 @@ def test_an_input_every_rank_refuses_leaves_the_group_for_another_run_whose_faul
 def test_a_run_over_two_ranks_resumed_after_a_kill_equals_the_uninterrupted_run(tmp_path):
     def run(kill_at=None, checkpoint=True):
         def on_rank(rank, world_size, network):
-            x, y = regression_data(num_data=NUM_DATA, dim=3)
+            x, y = logistic_data(num_data=NUM_DATA, dim=3)
             rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
             # each rank its own file
             path = str(tmp_path / f"run-{rank}.pt") if checkpoint else None
@@ -371,7 +395,7 @@ def test_fald_meets_only_at_its_rounds_and_counts_the_bytes_it_sends():
     chains, dim, iterations, float_bytes = 2, 3, 30, 8
 
     def run(rank, world_size, network):
-        x, y = regression_data(num_data=NUM_DATA, dim=dim)
+        x, y = logistic_data(num_data=NUM_DATA, dim=dim)
         rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
         sent = {}
         for mode in ("eager", "traced"):
