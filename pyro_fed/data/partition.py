@@ -206,11 +206,7 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
                 f"({num_data}); or give one client id per data point, or one index tensor per client."
             )
         return _from_ids(iid(num_data, clients, seed=0), num_data)
-    if _is_scalar(clients):
-        raise ValueError(
-            f"clients={clients!r}: give a whole number of clients (e.g. 10, for an i.i.d. split), one client "
-            "id per data point, or one index tensor per client."
-        )
+    check_clients(clients)
     if isinstance(clients, torch.Tensor):
         return _from_ids(clients, num_data)
     if len(clients) == 0:
@@ -218,6 +214,16 @@ def to_index_lists(clients, num_data: int | None = None) -> list[torch.LongTenso
     if _is_vector(clients[0]):
         return _from_index_lists([torch.as_tensor(part) for part in clients], num_data)
     return _from_ids(torch.as_tensor(clients), num_data)
+
+
+def check_clients(clients) -> None:
+    """Refuse a ``clients`` that is a single value but no whole number (``True``, ``2.5``): what it is can
+    be told before any data is seen (a kernel checks it when it is built)."""
+    if clients is not None and integral(clients) is None and _is_scalar(clients):
+        raise ValueError(
+            f"clients={clients!r}: give a whole number of clients (e.g. 10, for an i.i.d. split), one client "
+            "id per data point, or one index tensor per client."
+        )
 
 
 def _from_ids(ids: torch.Tensor, num_data: int | None) -> list[torch.LongTensor]:

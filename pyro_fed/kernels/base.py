@@ -19,6 +19,7 @@ from ..algorithms import adaptation, convergence
 from ..algorithms.base import Algorithm
 from ..algorithms.mode import MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
+from ..data.partition import check_clients
 from ..engine.compile import check_mode
 from ..engine.draws import DrawBuffer
 from ..engine.randomness import Randomness
@@ -210,6 +211,7 @@ class FederatedKernel(MCMCKernel):
         self._network = network
         self._in_process = InProcessNetwork()  # the default, one per kernel: its runs keep their iteration
         self.gradient_mode = check_mode(gradient_mode)
+        check_clients(clients)
         self.clients = clients
         self.step_size = None if step_size is None else check_positive("step_size", step_size)
         self.preconditioner = check_preconditioner(preconditioner)

@@ -361,6 +361,11 @@ def test_numbers_of_the_wrong_type_are_refused_by_name(call, match):
 def test_clients_not_a_whole_number_is_refused_by_name(clients, match):
     with pytest.raises(ValueError, match=match):
         partition.to_index_lists(clients, num_data=10)
+    # by a kernel when it is built, before any data is seen
+    from pyro_fed import FaldKernel
+
+    with pytest.raises(ValueError, match=match):
+        FaldKernel(lambda: None, clients)
 
 
 def test_a_number_of_clients_of_any_integer_type():
