@@ -20,8 +20,9 @@ Each posterior is sampled, in one run, by
   and SGLD (``SgldKernel(model)``, one client, the pooled data);
 - Pyro's ``NUTS`` on the pooled data, with a dense mass matrix (``full_mass=True``: the kernels' default
   preconditioner is dense where correlations would slow them more than 4×, so a diagonal NUTS would be the
-  easier reference; several of these posteriors correlate their intercept and slope beyond 0.99) and
-  otherwise Pyro's defaults. Pyro's default starts sample the prior, which an improper prior cannot do, so
+  easier reference; several of these posteriors correlate their intercept and slope beyond 0.99), its
+  potential traced by the JIT (``jit_compile=True``: the kernels compile theirs too) and otherwise Pyro's
+  defaults. Pyro's default starts sample the prior, which an improper prior cannot do, so
   NUTS starts where Stan starts: uniform on ``(-2, 2)`` in the unconstrained space
   (:func:`init_to_stan_uniform`). Its chains run one after the other, each in its own ``MCMC`` (Pyro runs
   several CPU chains in parallel processes, whose wall time would not be single-threaded); its time is the
@@ -48,9 +49,12 @@ Run::
     python benchmarks/posteriordb.py                 # every posterior and sampler, 4 x (500 + 1000)
     python benchmarks/posteriordb.py --quick         # smoke run: 2 posteriors, 2 x (50 + 100)
     python benchmarks/posteriordb.py --posteriors arK-arK,sblri-blr --kernels FALD,NUTS --samples 500
+    python benchmarks/posteriordb.py --merge a/posteriordb.json b/posteriordb.json  # one table of two runs
 
-Results: ``benchmarks/results/posteriordb{,_quick}.{md,json}`` (``--out`` changes the folder); a run of
-some posteriors or samplers writes only its rows.
+Results: ``benchmarks/results/posteriordb{,_quick}.{md,json}`` (``--out`` changes the folder), rewritten
+after every posterior, so that a run stopped early leaves the table of the posteriors it finished (its
+header says so); a run of some posteriors or samplers writes only its rows. Without ``--posteriors`` the
+posteriors run one data set at a time in turn (:func:`interleaved`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ import functools
 import json
 import math
 import platform
+import re
 import sys
 import time
 import traceback
@@ -113,6 +118,16 @@ def load(name: str, dtype: torch.dtype = torch.float32) -> tuple[Posterior, tupl
     data = json.loads((SHIPPED / "data" / f"{posterior.data_name}.json").read_text())
     reference = json.loads((SHIPPED / "reference" / f"{name}.json").read_text())["parameters"]
     return posterior, posterior.tensors(data, dtype), reference
+
+
+def interleaved() -> list[str]:
+    """Every shipped posterior, one of each data set in turn (a run stopped early has covered the most
+    different ones)."""
+    groups: dict[str, list[str]] = {}
+    for name, posterior in POSTERIORS.items():
+        groups.setdefault(posterior.data_name, []).append(name)
+    rounds = max(len(g) for g in groups.values())
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
 
 
 def init_to_stan_uniform(site: dict | None = None, radius: float = 2.0):
@@ -277,6 +292,23 @@ def kernel_choices(kernel, mcmc: MCMC) -> dict:
     return out
 
 
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """Set each row's ``ess_per_s_ratio``: its ESS/s over that of NUTS on its posterior, where NUTS ran
+    without error (the rows, changed in place)."""
+    for row in rows:
+        nuts = next(
+            (
+                r
+                for r in rows
+                if r["posterior"] == row["posterior"] and r["sampler"] == "NUTS" and not r["error"]
+            ),
+            None,
+        )
+        if nuts is not None and row.get("error") is None:
+            row["ess_per_s_ratio"] = row["ess_per_s"] / nuts["ess_per_s"]
+    return rows
+
+
 def run_benchmark(
     posteriors: Sequence[str],
     samplers: Sequence[str],
@@ -287,9 +319,11 @@ def run_benchmark(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     echo: bool = False,
+    after_each: Callable[[list[dict]], object] | None = None,
 ) -> list[dict]:
     """Every ``samplers`` × ``posteriors`` row (:func:`run_one`), with each row's ESS/s ratio to NUTS's on
-    its posterior when NUTS ran and did not fail. NUTS runs first on each posterior."""
+    its posterior when NUTS ran and did not fail. NUTS runs first on each posterior; ``after_each`` is
+    called with the rows so far after each posterior."""
     rows = []
     order = sorted(samplers, key=lambda s: s != "NUTS")
     for name in posteriors:
@@ -304,11 +338,9 @@ def run_benchmark(
                     json.dumps({k: v for k, v in row.items() if k not in ("parameters", "traceback")}),
                     flush=True,
                 )
-        nuts = next((r for r in these if r["sampler"] == "NUTS" and r.get("error") is None), None)
-        for row in these:
-            if nuts is not None and row.get("error") is None:
-                row["ess_per_s_ratio"] = row["ess_per_s"] / nuts["ess_per_s"]
-        rows += sorted(these, key=lambda r: SAMPLERS.index(r["sampler"]))
+        rows += sorted(add_ratios(these), key=lambda r: SAMPLERS.index(r["sampler"]))
+        if after_each is not None:
+            after_each(rows)
     return rows
 
 
@@ -354,6 +386,16 @@ def table(rows: list[dict], header: str) -> str:
         spread = f"{np.median(ratios):.2f} ({min(ratios):.2f}, {max(ratios):.2f})" if ratios else ""
         errors = sum(r.get("error") is not None for r in mine)
         lines.append(f"| {sampler} | {sum(r['passes'] for r in mine)}/{len(mine)} | {errors} | {spread} |")
+    without = [
+        p
+        for p in dict.fromkeys(r["posterior"] for r in rows)
+        if not any(r["posterior"] == p and r["sampler"] == "NUTS" for r in rows)
+    ]
+    if without:
+        lines += [
+            "",
+            f"NUTS was not run on {len(without)} posteriors (no ×NUTS there): {', '.join(without)}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -368,8 +410,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="write one table from the JSON results of runs made separately (e.g. side by side), and exit",
+    )
     args = parser.parse_args(argv)
-    posteriors = args.posteriors.split(",") if args.posteriors else list(QUICK if args.quick else POSTERIORS)
+    if args.merge:
+        return merge(args.merge, args.out / ("posteriordb_quick" if args.quick else "posteriordb"))
+    posteriors = (
+        args.posteriors.split(",") if args.posteriors else list(QUICK if args.quick else interleaved())
+    )
     samplers = args.kernels.split(",") if args.kernels else list(DEFAULT_SAMPLERS)
     for option, chosen, known in (("posteriors", posteriors, POSTERIORS), ("kernels", samplers, SAMPLERS)):
         unknown = sorted(set(chosen) - set(known))
@@ -383,7 +435,39 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     threads, default_dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
     torch.set_default_dtype(dtype)  # the kernels' own tensors (steps, noise) in the same precision
+    command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    stem = "posteriordb_quick" if args.quick else "posteriordb"
     started = time.perf_counter()
+
+    def write(rows: list[dict]) -> str:
+        # after every posterior: a run stopped early still leaves the table of the posteriors it finished
+        done = list(dict.fromkeys(r["posterior"] for r in rows))
+        info = {
+            "command": command.strip(),
+            "posteriors": done,
+            "planned": posteriors,
+            "chains": chains,
+            "warmup": warmup,
+            "samples": samples,
+            "dtype": args.dtype,
+            "clients": CLIENTS,
+            "seed": args.seed,
+            "wall_seconds": time.perf_counter() - started,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "pyro": pyro.__version__,
+            "machine": platform.machine(),
+            "threads": 1,
+            "posteriordb": json.loads((SHIPPED / "SOURCE.json").read_text())["commit"],
+        }
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{stem}.json").write_text(
+            json.dumps({"rows": rows, "info": info}, indent=1, default=str) + "\n"
+        )
+        text = table(rows, header(info))
+        (args.out / f"{stem}.md").write_text(text)
+        return text
+
     try:
         rows = run_benchmark(
             posteriors,
@@ -394,55 +478,92 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             dtype=dtype,
             seed=args.seed,
             echo=True,
+            after_each=write,
         )
     finally:
         torch.set_num_threads(threads)
         torch.set_default_dtype(default_dtype)
-    info = {
-        "chains": chains,
-        "warmup": warmup,
-        "samples": samples,
-        "dtype": args.dtype,
-        "clients": CLIENTS,
-        "seed": args.seed,
-        "wall_seconds": time.perf_counter() - started,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "posteriordb": json.loads((SHIPPED / "SOURCE.json").read_text())["commit"],
+    print(write(rows))
+    return rows
+
+
+def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
+    """One table (``stem.md`` / ``.json``) from the results of several runs of the same sizes."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    sizes = {
+        tuple(part["info"][k] for k in ("chains", "warmup", "samples", "dtype", "seed")) for part in parts
     }
-    command = "python benchmarks/posteriordb.py" + ("" if argv is None else " " + " ".join(argv))
-    if argv is None:
-        command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:])
-    header = "\n".join(
+    if len(sizes) != 1:
+        raise SystemExit(
+            f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
+        )
+    # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
+    rows = [row for part in parts for row in part["rows"]]
+    names = list(dict.fromkeys(row["posterior"] for row in rows))
+    rows = add_ratios(sorted(rows, key=lambda r: (names.index(r["posterior"]), SAMPLERS.index(r["sampler"]))))
+    info = dict(parts[0]["info"])
+    info.update(
+        command="; ".join(f"`{short(part['info']['command'])}`" for part in parts),
+        parts=len(parts),
+        posteriors=names,
+        planned=names,
+        wall_seconds=max(part["info"]["wall_seconds"] for part in parts),
+    )
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(
+        json.dumps({"rows": rows, "info": info}, indent=1, default=str) + "\n"
+    )
+    text = table(rows, header(info))
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    return rows
+
+
+def short(command: str) -> str:
+    """A command line with its list of posteriors counted, not spelled out, and without ``--out``."""
+    command = re.sub(
+        r"--posteriors (\S+)", lambda m: f"--posteriors <{m.group(1).count(',') + 1} posteriors>", command
+    )
+    return re.sub(r" --out \S+", "", command)
+
+
+def written_by(info: dict) -> str:
+    if info.get("parts", 1) == 1:
+        return f"Written by `{info['command']}` (see its docstring)."
+    return (
+        f"Written by {info['parts']} runs ({info['command']}; some side by side), then `python "
+        "benchmarks/posteriordb.py --merge` of their JSON files (see its docstring)."
+    )
+
+
+def header(info: dict) -> str:
+    """The table's title and the paragraph saying what was run and what the columns are."""
+    done, planned = len(info["posteriors"]), len(info["planned"])
+    count = (
+        f"{done} posteriors" if done == planned else f"{done} of the {planned} planned posteriors (stopped)"
+    )
+    return "\n".join(
         [
             "# posteriordb: every kernel at its defaults and NUTS against Stan's reference posteriors",
             "",
-            f"Written by `{command.strip()}` (see its docstring). {len(posteriors)} posteriors of "
-            f"posteriordb {info['posteriordb'][:7]}; each sampler {chains} chains × ({warmup} warm-up + "
-            f"{samples} draws), {args.dtype}, one CPU thread; the kernels on an i.i.d. split into {CLIENTS} "
-            "clients, NUTS (dense mass matrix, chains one after the other) on the pooled data. Passes: every "
-            f"parameter's mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte Carlo standard errors "
-            "(MCSE = sd / sqrt(bulk ESS), of the run and of the reference), its sd within "
-            f"{SD_TARGET:.0%} + {MC_ERRORS:g} × sqrt(1/(2 ESS) + 1/(2 ESS_ref)), every R-hat ≤ "
+            written_by(info) + f" {count} of posteriordb "
+            f"{info['posteriordb'][:7]}; each sampler {info['chains']} chains × ({info['warmup']} warm-up + "
+            f"{info['samples']} draws), {info['dtype']}, one CPU thread; the kernels on an i.i.d. split into "
+            f"{info['clients']} clients, NUTS (dense mass matrix, chains one after the other) on the pooled "
+            f"data. Passes: every parameter's mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte "
+            "Carlo standard errors (MCSE = sd / sqrt(bulk ESS), of the run and of the reference), its sd "
+            f"within {SD_TARGET:.0%} + {MC_ERRORS:g} × sqrt(1/(2 ESS) + 1/(2 ESS_ref)), every R-hat ≤ "
             f"{RHAT_TARGET}. "
             "`mean err`: the worst |mean − ref| / ref sd; `sd ratio`: the sd / ref sd farthest from 1; "
             "`min ESS`: the smallest bulk ESS; `s`: the wall time of the run (warm-up and compilation "
-            "included); `×NUTS`: ESS/s over NUTS's on the same posterior. Wall time of the whole "
-            f"benchmark: {info['wall_seconds'] / 60:.0f} min.",
+            "included); `×NUTS`: ESS/s over NUTS's on the same posterior. Wall time of the "
+            f"{'whole benchmark' if info.get('parts', 1) == 1 else 'longest run'}: "
+            f"{info['wall_seconds'] / 60:.0f} min.",
+            "",
+            "The times are those of a CPU shared with other work: compare the ratios of one posterior's rows "
+            "(its samplers ran one after the other in one process), not the absolute times.",
         ]
     )
-    text = table(rows, header)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "posteriordb_quick" if args.quick else "posteriordb"
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"rows": rows, "info": info}, indent=1, default=str) + "\n"
-    )
-    (args.out / f"{stem}.md").write_text(text)
-    print(text)
-    return rows
 
 
 if __name__ == "__main__":

@@ -163,6 +163,10 @@ def test_harness_rows_at_a_tiny_size(harness, tmp_path):
     assert len(saved["rows"]) == 4 and saved["info"]["chains"] == 2
     text = (tmp_path / "posteriordb.md").read_text()
     assert "| kidiq-kidscore_momhs | FALD |" in text and "| arK-arK | NUTS |" in text
+    merged = harness.main(
+        ["--merge", *[str(tmp_path / "posteriordb.json")] * 2, "--out", str(tmp_path / "m")]
+    )
+    assert len(merged) == 8 and "Written by 2 runs" in (tmp_path / "m" / "posteriordb.md").read_text()
 
 
 def test_a_crash_is_a_row(harness, monkeypatch):
