@@ -577,7 +577,7 @@ class ModelSites:
         ``Bernoulli`` label 2), naming the site, the values, their data indices and the clients that hold
         them: the evaluations run with validation off (see the module's docstring), which would take them
         in silence. One vectorised check of the initial run's data; masked-out entries and NaN (refused by
-        :meth:`~pyro_fed.model.potential.FederatedPotential.check_initial_points`, with the fix) are left
+        ``FederatedPotential.check_initial_points``, with the fix) are left
         out, as are supports that depend on the latent values (``Uniform(0, theta)``: not the data's fault).
 
         :param owner: ``[N]`` the client holding each datum (-1: not held here, not checked).
