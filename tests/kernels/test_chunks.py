@@ -9,7 +9,7 @@ from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
 from pyro_fed.kernels.chunks import ChunkRunner
 from pyro_fed.network.in_process import InProcessNetwork
 
-from ..models import gaussian_regression, logistic_model, regression_data
+from ..models import gaussian_regression, logistic_data, logistic_model, regression_data
 
 CLIENTS = torch.arange(40) % 4
 MODEL = gaussian_regression(0.5)
@@ -91,7 +91,7 @@ def test_iterations_that_meet_no_client_run_without_the_network_and_to_the_same_
             gradient_mode="eager",
             network=network,
         )
-        MCMC(kernel, num_samples=200, warmup_steps=0, disable_progbar=True).run(*regression_data(60))
+        MCMC(kernel, num_samples=200, warmup_steps=0, disable_progbar=True).run(*logistic_data(60))
         return kernel
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from pyro.infer import MCMC
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, SgldKernel, VrFaldKernel
 from pyro_fed.network.in_process import InProcessNetwork
 
-from ..models import logistic_model, regression_data
+from ..models import logistic_data, logistic_model
 
 NUM_CLIENTS = 6
 
@@ -101,7 +101,7 @@ def draws(name, network=None, gradient_mode="traced", **options):
     kernel = make(gradient_mode=gradient_mode, network=network, **({"step_size": 0.01} | options))
     mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, num_chains=2, disable_progbar=True)
     torch.manual_seed(0)
-    mcmc.run(*regression_data(num_data=60, dim=3))
+    mcmc.run(*logistic_data(num_data=60, dim=3))
     return mcmc.get_samples(group_by_chain=True)["w"], kernel
 
 
