@@ -18,7 +18,7 @@ draw is :math:`\bar w`.
 
 The agents disagree: each receives its own noise, and with heterogeneous data each is pulled toward its own
 posterior. Their gradients, evaluated at their own points, then sum to something else than
-:math:`\nabla U(\bar w)`: :func:`consensus_step` finds the constant step at which that costs the average
+:math:`\nabla U(\bar w)`: :func:`consensus_analysis` finds the constant step at which that costs the average
 little, from each agent's curvature and gradient at the mode.
 
 Tensors carry a leading chain dimension ``C``; the noise and the iteration number are inputs of
@@ -41,10 +41,10 @@ import torch
 from .base import Algorithm
 from .langevin import langevin_step, scale_step
 
-#: the factor by which :func:`consensus_step` shrinks a step that misses its targets, and how many times, at
-#: most
+#: the factor by which :func:`consensus_analysis` shrinks a step that misses its targets, and how many
+#: times, at most
 CONSENSUS_SHRINK, CONSENSUS_SHRINKS = 0.8, 60
-#: graphs larger than this are not analysed by :func:`consensus_step` (its solves cost :math:`n^3`), nor
+#: graphs larger than this are not analysed by :func:`consensus_analysis` (its solves cost :math:`n^3`), nor
 #: more coordinates than this
 CONSENSUS_AGENTS, CONSENSUS_COORDINATES = 300, 64
 
@@ -167,28 +167,6 @@ def consensus_analysis(
             last = ConsensusAnalysis(alpha, False, math.inf, math.inf, -1)
         alpha *= CONSENSUS_SHRINK
     return last
-
-
-def consensus_step(
-    step: float,
-    curvatures: torch.Tensor,
-    gradients: torch.Tensor,
-    laplacian: torch.Tensor,
-    consensus_size: float,
-    *,
-    variance_target: float,
-    mean_target: float,
-) -> float:
-    """The step of :func:`consensus_analysis` (the last one tried where none meets the targets)."""
-    return consensus_analysis(
-        step,
-        curvatures,
-        gradients,
-        laplacian,
-        consensus_size,
-        variance_target=variance_target,
-        mean_target=mean_target,
-    ).step
 
 
 def disagreement(

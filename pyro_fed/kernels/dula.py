@@ -12,7 +12,8 @@ from .arguments import check_positive
 from .base import FederatedKernel
 
 #: the largest gap, in posterior sds, between the average's stationary mean and the mode that the automatic
-#: constant step allows in the agents' quadratic model (see :func:`pyro_fed.algorithms.dula.consensus_step`)
+#: constant step allows in the agents' quadratic model (see
+#: :func:`pyro_fed.algorithms.dula.consensus_analysis`)
 CONSENSUS_MEAN_TARGET = 0.1
 #: antithetic pairs of disagreement draws at each typical point, and steps tried at most, for the drift
 #: that the agents' disagreement causes (see ``DulaKernel._within_disagreement``)
@@ -38,10 +39,11 @@ class DulaKernel(FederatedKernel):
     The automatic constant step is the warm-up's (as for the other kernels: each agent's local step
     :math:`\alpha n` stable on its own potential, checked by the pilot run), shrunk until the agents'
     disagreement costs the average little: in a diagonal quadratic model of the agents at the mode (their
-    curvatures and gradients there, the graph's Laplacian; :func:`~pyro_fed.algorithms.dula.consensus_step`),
-    the average's stationary variance within 10% of the posterior's and its mean within a tenth of a
-    posterior standard deviation in every coordinate. Identical agents cost nothing (their disagreement
-    cancels in the average); heterogeneous ones on a slowly mixing graph (a long ring) cost a smaller step.
+    curvatures and gradients there, the graph's Laplacian;
+    :func:`~pyro_fed.algorithms.dula.consensus_analysis`), the average's stationary variance within 10% of
+    the posterior's and its mean within a tenth of a posterior standard deviation in every coordinate.
+    Identical agents cost nothing (their disagreement cancels in the average); heterogeneous ones on a
+    slowly mixing graph (a long ring) cost a smaller step.
     The decaying schedule makes a long run mix ever more slowly; the end of the run says so when its steps
     covered too few relaxation times for its draws to be independent.
 

@@ -216,7 +216,9 @@ def test_the_consensus_step_is_ulas_for_identical_agents_and_shrinks_with_hetero
     same = torch.full((8, 3), 1 / 8)
     # identical agents: the average is ULA whatever the disagreement; 0.18 keeps its variance within 10%
     assert (
-        dula.consensus_step(0.18, same, torch.zeros(8, 3), ring, 1 / 4, variance_target=0.1, mean_target=0.1)
+        dula.consensus_analysis(
+            0.18, same, torch.zeros(8, 3), ring, 1 / 4, variance_target=0.1, mean_target=0.1
+        ).step
         == 0.18
     )
     # one agent holding most of a coordinate's curvature, others pulling its mean: a smaller step
@@ -224,7 +226,9 @@ def test_the_consensus_step_is_ulas_for_identical_agents_and_shrinks_with_hetero
     skewed[:, 0] = torch.tensor([0.65] + [0.05] * 7)
     pulls = torch.zeros(8, 3)
     pulls[:, 0] = torch.linspace(-3, 3, 8)
-    alpha = dula.consensus_step(0.18, skewed, pulls, ring, 1 / 4, variance_target=0.1, mean_target=0.1)
+    alpha = dula.consensus_analysis(
+        0.18, skewed, pulls, ring, 1 / 4, variance_target=0.1, mean_target=0.1
+    ).step
     assert alpha < 0.18
     assert alpha == pytest.approx(
         0.18 * dula.CONSENSUS_SHRINK ** round(math.log(alpha / 0.18, dula.CONSENSUS_SHRINK))
@@ -286,7 +290,7 @@ def test_the_consensus_analysis_measures_from_the_models_mode_not_from_where_the
         off = pulls + shares * torch.tensor([delta, 0.0, -delta])
         found = dula.consensus_analysis(0.05, shares, off, ring, beta, **targets)
         assert found.met and found.step == pytest.approx(at_mode.step, rel=1e-12)
-        assert dula.consensus_step(0.05, shares, off, ring, beta, **targets) == found.step
+        assert dula.consensus_analysis(0.05, shares, off, ring, beta, **targets).step == found.step
 
 
 def skewed_regression():
