@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from ..algorithms import qlsd
+from ..algorithms import adaptation, qlsd
 from ..algorithms.mode import MODE_TOLERANCE
 from ..network.compression import compressor
 from . import warmup
@@ -15,6 +15,9 @@ from .arguments import check_positive_int, check_probability
 from .base import FederatedKernel
 
 CONTROL_VARIATES = (None, "fixed_point", "svrg")
+#: how many times smaller the participation's noise alone may make the automatic step before the kernel names
+#: it (the chains then need that many times the iterations of participation=1 for the same accuracy)
+PARTICIPATION_WARNING = 10.0
 
 
 class QlsdKernel(FederatedKernel):
@@ -43,8 +46,10 @@ class QlsdKernel(FederatedKernel):
     LSD⋆, LSD++   the same with ``quantization_levels=None`` (no compression)
     ============  ======================================================================================
 
-    When no client takes part (probability :math:`(1-p)^b`), the server steps with the memories' sum
-    :math:`g = \sum_i \eta^i` (without memory: a noise-only step). Each active client uploads one quantised
+    An iteration in which no client would take part (probability :math:`(1-p)^b`) draws its set again: the
+    set is the independent coins' conditioned on at least one client, so that :math:`g` is always defined and
+    unbiased and no step is taken without a gradient (see :mod:`pyro_fed.algorithms.qlsd`; stepping without
+    one made the draws :math:`1/\sqrt{1 - (1-p)^b}` times too wide). Each active client uploads one quantised
     message (:meth:`~pyro_fed.network.compression.StochasticQuantizer.bits`; ``32 d`` uncompressed) and
     downloads :math:`\theta` (``32 d``); a snapshot sends :math:`\theta` to every client. ``sample_stats``
     records per draw ``active_clients`` (and ``snapshot`` for QLSD++) beside the cumulative ``uploaded_bits``
@@ -71,7 +76,9 @@ class QlsdKernel(FederatedKernel):
 
     The other arguments are those of :class:`~pyro_fed.FederatedKernel`. The automatic step size is chosen
     for the server's step on the full potential, with the gradient noise of this estimator (minibatches,
-    quantisation and participation) measured at draws of the Laplace approximation.
+    quantisation and participation) measured at draws of the Laplace approximation. When the random set of
+    clients alone makes that step more than ``PARTICIPATION_WARNING`` times smaller than with every client
+    (few clients per iteration, whose gradients differ), a warning names the participation before the run.
     """
 
     #: the step is the server's, on the whole potential (not a client's, on its share)
@@ -150,7 +157,7 @@ class QlsdKernel(FederatedKernel):
         )
 
     def _server_prior_gradient(self, points: torch.Tensor) -> torch.Tensor:
-        # a method, not a closure: equal from run to run, so that the prepared iteration is kept
+        # the server's term of g, given to the algorithm as a callable (see qlsd.Qlsd.prior_gradient)
         return self.potential.server_prior(points, gradient=True)
 
     def _fixed_point(self) -> torch.Tensor:
@@ -201,3 +208,61 @@ class QlsdKernel(FederatedKernel):
             participation=self.participation,
             memory_rate=memory_rate,
         )
+
+    def warn_before_run(self) -> None:
+        """Warn when the participation alone makes the automatic step more than ``PARTICIPATION_WARNING``
+        times smaller than with every client (:meth:`participation_noise`): with few active clients whose
+        gradients differ, the server's estimate is that noisy, and the chains need that many times the
+        iterations of ``participation=1``."""
+        chosen = self.adaptation
+        if chosen is None or self.step_size is not None or self.participation == 1.0:
+            return
+        noise = self.participation_noise(chosen)
+        # the server's automatic step is 2 eps / (V + (1 + eps) lambda) (adaptation.step_size, one "client")
+        shrink = 1.0 + noise / ((1.0 + adaptation.VARIANCE_TARGET) * chosen.stiffness)
+        if shrink <= PARTICIPATION_WARNING:
+            return
+        b, p = self.potential.network.num_clients, self.participation
+        active = b * p / -math.expm1(b * math.log1p(-p))
+        warnings.warn(
+            f"{type(self).__name__}: with participation={p:.3g} and {b} clients the server's gradient "
+            f"comes from {active:.3g} clients per iteration on average, scaled by b/|A|; their gradients "
+            f"differ, and the random set alone makes the automatic step {shrink:.3g} times smaller than "
+            f"with every client (participation noise {noise:.3g} against a curvature of "
+            f"{chosen.stiffness:.3g}, preconditioned): the chains need {shrink:.3g} times the iterations of "
+            "participation=1 for the same accuracy. A larger participation, or a control variate "
+            "(control_variate='fixed_point' or 'svrg'), which leaves the random set only the clients' "
+            "gradients' changes from the mode, reduces it.",
+            stacklevel=2,
+        )
+
+    def participation_noise(self, chosen) -> float:
+        r"""The variance that the random set of clients alone adds to the server's estimate (exact local
+        gradients, no compression), per preconditioned coordinate, averaged over the warm-up's typical points,
+        at its largest coordinate. Given :math:`|A| = k` the set is a uniform :math:`k`-subset, so
+        :math:`\mathrm{Var}(\frac bk \sum_{i \in A} v_i) = b^2 (\frac1k - \frac1b) S^2`, :math:`S^2` the
+        clients' variance (divisor :math:`b - 1`) of what they upload, :math:`v_i = H^i - \eta^i`: their
+        gradients, less those at the reference point where a fixed point or a memory takes them off; averaged
+        over :math:`k \sim` Binomial(:math:`b, p`) given :math:`k \ge 1`. One evaluation of the clients' full
+        gradients at the points, and one meeting."""
+        pot = self.potential
+        b, p = pot.network.num_clients, self.participation
+        if b == 1:
+            return 0.0
+        points = chosen.typical_points
+        uploads = self._full_gradients(points)  # [P, b, d]: the held clients'
+        if self.control_variate == "fixed_point" or self.current_memory_rate() > 0:
+            reference = self._fixed_point() if self.control_variate == "fixed_point" else chosen.mode
+            uploads = uploads - self._full_gradients(reference[None].to(points))
+        whitened = adaptation.whiten(adaptation.square_root(chosen.preconditioner), uploads).double()
+        total, squares = pot.network.sums(whitened, whitened.square())
+        spread = (squares - total.square() / b).clamp_min(0) / (b - 1)  # S^2, [P, d]
+        # E[1/k - 1/b] for k ~ Binomial(b, p) given k >= 1
+        k = torch.arange(1, b + 1, dtype=torch.float64)
+        log_pmf = (
+            math.lgamma(b + 1) - torch.lgamma(k + 1) - torch.lgamma(b - k + 1)
+            + k * math.log(p) + (b - k) * math.log1p(-p)
+        )  # fmt: skip
+        weights = log_pmf.exp() / -math.expm1(b * math.log1p(-p))
+        factor = b**2 * float((weights * (1 / k - 1 / b)).sum())
+        return float((factor * spread).mean(0).max())

@@ -1,7 +1,9 @@
 """QLSD family: the update rule, the memory, participation and bits; the exact law with exact gradients and
 posterior moments with quantisation and partial participation; argument errors."""
 
+import itertools
 import math
+import warnings
 
 import numpy as np
 import pyro
@@ -10,14 +12,24 @@ import torch
 
 from pyro_fed import FaldKernel, QlsdKernel
 from pyro_fed.algorithms import adaptation, qlsd
+from pyro_fed.engine.randomness import Randomness
+from pyro_fed.kernels.qlsd import PARTICIPATION_WARNING
 from pyro_fed.network.compression import Compressor, StochasticQuantizer
 from pyro_fed.network.in_process import InProcessNetwork
-from pyro_fed.testing import GaussianClients, batch_means_standard_error, fald_stationary_law
+from pyro_fed.testing import (
+    GaussianClients,
+    Outcome,
+    batch_means_standard_error,
+    fald_stationary_law,
+    heterogeneous_gaussian_clients,
+    random_recursion_law,
+)
 
 from ..algorithms.test_adaptation import (
     NOISE_SD,
     anisotropic_problem,
     check_chains_against_preconditioned_law,
+    matrix_root,
     preconditioned,
     run,
 )
@@ -81,7 +93,8 @@ def test_partial_participation_scales_and_the_empty_set_steps_with_the_memories(
     # chain 0: b / |A| = 3 / 2 times the active uploads, plus every memory
     g0 = 1.5 * (uploads[0, 0] + uploads[0, 2]) + state.memory[0].sum(0)
     torch.testing.assert_close(new.server[0], state.server[0] - step * g0)
-    # chain 1: nobody active, g = the memories' sum; memories unchanged
+    # chain 1: nobody active, g = the memories' sum; memories unchanged (the pure rule: the iterations' sets
+    # are never empty, see test_participation_coins_follow_the_independent_coins_given_a_set_that_is_not_...)
     torch.testing.assert_close(new.server[1], state.server[1] - step * state.memory[1].sum(0))
     torch.testing.assert_close(new.memory[1], state.memory[1])
     torch.testing.assert_close(new.memory[0, 1], state.memory[0, 1])  # inactive client: unchanged
@@ -185,6 +198,138 @@ def test_bits_participation_and_snapshots_are_counted():
     np.testing.assert_array_equal(stats["downloaded_bits"], downloaded)
     assert mcmc.diagnostics()["uploaded bits"] == {"chain 0": int(stats["uploaded_bits"][-1])}
     assert kernel.logging()["Mbits down"] == f"{downloaded[-1] / 1e6:.3g}"
+
+
+# ----------------------------------------------------------------------------------- partial participation
+def participation_law(clients, step, participation, conditioned=True):
+    """The exact stationary law of LSD (exact local gradients, no compression) with step ``step`` on Gaussian
+    ``clients``: the active set A is random and independent of the past, and given A the step is linear,
+    x' = (I - step (b/|A|) sum_A A_i) x + step (b/|A|) sum_A A_i mu_i + sqrt(2 step) Z, one outcome of a
+    random linear recursion per set. ``conditioned``: A drawn from the independent coins' law given A not
+    empty (the algorithm's); else with the empty set a noise-only step (the rule before, for the tests'
+    power)."""
+    b, d = clients.num_clients, clients.dim
+    eye = torch.eye(d, dtype=clients.means.dtype)
+    some = 1 - (1 - participation) ** b
+    outcomes = []
+    for k in range(0 if not conditioned else 1, b + 1):
+        for subset in itertools.combinations(range(b), k):
+            prob = participation**k * (1 - participation) ** (b - k) / (some if conditioned else 1.0)
+            chosen = list(subset)
+            precision = b / max(k, 1) * clients.precisions[chosen].sum(0)
+            shift = b / max(k, 1) * (clients.precisions[chosen] @ clients.means[chosen, :, None]).sum(0)[:, 0]
+            outcomes.append(Outcome(prob, eye - step * precision, step * shift, 2 * step * eye))
+    return random_recursion_law(outcomes, eye)
+
+
+def test_participation_coins_follow_the_independent_coins_given_a_set_that_is_not_empty():
+    # 3 clients at p = 0.2: the empty set (probability 0.512) is drawn again, so each of the 7 other sets has
+    # its independent-coins probability over 1 - 0.8^3; 200 000 sets, each frequency within Z binomial
+    # standard errors. With p = 1 every client, and no randomness drawn.
+    rng = Randomness(0)
+    coins = qlsd.participation_coins(rng, 0.2, 100_000, 2, 3)
+    assert coins.any(-1).all()
+    codes = (coins * np.array([1, 2, 4])).sum(-1).ravel()
+    frequencies = np.bincount(codes, minlength=8) / codes.size
+    sizes = np.array([bin(c).count("1") for c in range(8)])
+    expected = 0.2**sizes * 0.8 ** (3 - sizes) / (1 - 0.8**3)
+    expected[0] = 0.0
+    se = np.sqrt(expected * (1 - expected) / codes.size)
+    assert (np.abs(frequencies - expected) <= Z * se + 1e-12).all(), (frequencies, expected)
+    # the sets found not empty are the independent coins' own draws
+    first = Randomness(0).coins(0.2, 100_000, 2, 3)
+    kept = first.any(-1)
+    np.testing.assert_array_equal(coins[kept], first[kept])
+    state = Randomness(0).host.bit_generator.state
+    assert qlsd.participation_coins(rng := Randomness(0), 1.0, 5, 2, 3).all()
+    assert rng.host.bit_generator.state == state
+    # the first active client of a redrawn set: P(J <= j) = (1 - 0.8^(j+1)) / (1 - 0.8^3) at the quantiles
+    quantiles = (1 - 0.8 ** np.arange(1, 4)) / (1 - 0.8**3)
+    np.testing.assert_array_equal(qlsd.first_active(quantiles - 1e-9, 0.2, 3), [0, 1, 2])
+    np.testing.assert_array_equal(qlsd.first_active(quantiles[:2] + 1e-9, 0.2, 3), [1, 2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "participation, step_size, num_samples",
+    [(0.2, None, 6000), (0.01, 0.2, 5000)],
+    ids=["p=0.2 automatic", "p=0.01 given step"],
+)
+def test_partial_participation_with_few_clients_has_the_exact_law(participation, step_size, num_samples):
+    # LSD on 3 Gaussian clients, each active with probability p: given the set A the step is linear, so the
+    # chain is a random linear recursion whose stationary mean and covariance are exact (participation_law,
+    # one outcome per set, A conditioned on being non-empty). The iterations whose set was empty used to step
+    # with no gradient: sds 1 / sqrt(1 - (1 - p)^3) times too wide, 1.46x and 5.9x here, far outside the
+    # tolerances below. The automatic step (the issue's reproducer) and a given step with the Laplace
+    # preconditioner, whose chain mixes within ~6 iterations. Means against the law's exact standard error;
+    # covariances (about the law's mean) against batch-means standard errors, the chain being a Gaussian
+    # mixture, pooled over the 4 chains.
+    x, y, clients, exact = anisotropic_problem()
+    options = {"thinning": 1}  # consecutive iterations: the law of the chain itself
+    if step_size is not None:
+        options.update(step_size=step_size, preconditioner=1 / exact.precisions.sum(0).diagonal())
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD), clients, participation=participation, gradient_mode="traced", **options
+    )
+    pyro.set_rng_seed(0)
+    mcmc = run(kernel, (x, y), num_samples=num_samples, warmup=500, num_chains=4)
+    chains = mcmc.get_samples(group_by_chain=True)["w"]
+    step = kernel.current_step_size
+    inverse_mass = kernel.adaptation.preconditioner if step_size is None else options["preconditioner"]
+    law_y = participation_law(preconditioned(exact, inverse_mass), step, participation)
+    root = matrix_root(inverse_mass)
+    mean, cov = root @ law_y.mean, root @ law_y.cov @ root
+    num_chains = chains.shape[0]
+    law = law_y._replace(mean=mean, cov=cov, read=root @ law_y.read)
+    mean_se = law.mean_standard_error(num_samples) / num_chains**0.5
+    assert ((chains.mean(1).mean(0) - mean).abs() <= Z * mean_se).all(), (
+        chains.mean(1).mean(0),
+        mean,
+        mean_se,
+    )
+    centred = chains - mean
+    products = centred[..., :, None] * centred[..., None, :]  # [C, K, d, d]
+    draws_cov = products.mean(1).mean(0)
+    cov_se = torch.stack([batch_means_standard_error(p) for p in products]).square().mean(0).sqrt()
+    cov_se = cov_se / num_chains**0.5
+    assert ((draws_cov - cov).abs() <= Z * cov_se).all(), (draws_cov, cov, cov_se)
+    # the rule before (noise-only steps when no client is active) is far outside these tolerances
+    before = participation_law(preconditioned(exact, inverse_mass), step, participation, conditioned=False)
+    before_cov = root @ before.cov @ root
+    assert ((before_cov - cov).diagonal() > Z * cov_se.diagonal()).all()
+    assert ((before_cov.diagonal() / cov.diagonal()).sqrt() >= 1.4).all()
+    assert (kernel.sample_stats()["active_clients"] >= 1).all()
+
+
+def test_participation_whose_noise_shrinks_the_automatic_step_is_named_before_the_run():
+    # 3 Gaussian clients whose means differ by ~3 posterior sds: one or two of them stand for all three most
+    # iterations at p = 0.2, and the random set's noise alone makes the automatic step ~20 times smaller than
+    # with every client (participation_noise, exact on Gaussian clients: b^2 E[1/k - 1/b] S^2). On the
+    # anisotropic split (~4 times) nothing is said.
+    hetero = heterogeneous_gaussian_clients(3, 2, mean_scale=3.0)
+    model, args = hetero.pyro_model(10.0)
+    kernel = QlsdKernel(model, participation=0.2, gradient_mode="traced", thinning=1)
+    pyro.set_rng_seed(0)
+    with pytest.warns(
+        UserWarning, match=r"participation=0.2 and 3 clients .* 1.23 clients per iteration"
+    ) as w:
+        run(kernel, args, num_samples=2, warmup=0)
+    chosen = kernel.adaptation
+    noise = kernel.participation_noise(chosen)
+    shrink = 1 + noise / ((1 + adaptation.VARIANCE_TARGET) * chosen.stiffness)
+    (message,) = [str(c.message) for c in w if "participation=" in str(c.message)]
+    assert shrink > PARTICIPATION_WARNING and f"the automatic step {shrink:.3g} times smaller" in message
+    # with exact gradients and no compression the set is the estimate's only noise: the warm-up measured it
+    # from 64 draws at each of 4 points, a relative standard error of sqrt((kurtosis - 1) / 256), at most
+    # 0.125 for a kurtosis up to 5
+    assert abs(chosen.noise / noise - 1) <= Z * 0.125, (chosen.noise, noise)
+    x, y, clients, _ = anisotropic_problem()
+    quiet = QlsdKernel(gaussian_regression(NOISE_SD), clients, participation=0.2, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(quiet, (x, y), num_samples=2, warmup=0)
+    assert not [c for c in caught if "participation=" in str(c.message)]
 
 
 @pytest.mark.parametrize(
