@@ -105,9 +105,10 @@ KERNELS: dict[str, Callable] = {
     "SGLD": lambda model: pyro_fed.SgldKernel(model),
 }
 SAMPLERS = (*KERNELS, "NUTS")
-#: those of a run without ``--kernels``: the federated kernels (QLSD++ is QLSD with one option set, SGLD the
-#: one-client reference: both with ``--kernels``) and NUTS
-DEFAULT_SAMPLERS = ("FALD", "VR-FALD*", "QLSD", "D-ULA", "NUTS")
+#: those of a run without ``--kernels``: the federated kernels (QLSD at its defaults is LSD, uncompressed and
+#: without control variates; QLSD++ is the variance-reduced one the accuracy targets name; SGLD, the
+#: one-client reference, with ``--kernels``) and NUTS
+DEFAULT_SAMPLERS = ("FALD", "VR-FALD*", "QLSD", "QLSD++", "D-ULA", "NUTS")
 
 
 # --------------------------------------------------------------------------------------------- inputs
