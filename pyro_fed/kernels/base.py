@@ -677,11 +677,11 @@ class FederatedKernel(MCMCKernel):
     def _adapt_to_draws(self, window: int) -> None:
         """Stan's windowed adaptation, once: the covariance of the chains' draws in the second half of the
         window (within chains, pooled), shrunk toward the warm-up's preconditioner by ``d + 5`` pseudo-draws,
-        replaces it when it leaves that preconditioner's coordinates a condition number above
-        ``DENSE_CONDITION`` (diagonal: the variances alone); the step is then chosen again for it, at the
-        same minibatch and thinning. The Laplace approximation at the mode misjudges a posterior whose
-        curvature varies (a hierarchical model's scale): on eight schools the slowest direction then mixed
-        4 times slower."""
+        replaces it when its eigenvalues in that preconditioner's coordinates spread more than
+        ``DENSE_CONDITION`` times what chance allows the draws (diagonal: the variances alone); the step is
+        then chosen again for it, at the same minibatch and thinning. The Laplace approximation at the mode
+        misjudges a posterior whose curvature varies (a hierarchical model's scale): on eight schools the
+        slowest direction then had 2.7 times fewer effective draws."""
         pot, chosen = self.potential, self.adaptation
         draws = torch.as_tensor(self.runner.buffer.all_draws(window // 2)[:, : window - window // 2])
         chains, count, dim = draws.shape
