@@ -184,6 +184,24 @@ def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: 
     return torch.func.jvp(client_gradients, (points,), (tangents,))[1]
 
 
+def _unit_products(client_gradients: Callable, point: torch.Tensor, num_clients: int):
+    """Every client's Hessian at ``point`` times the unit vectors, ``DIRECTIONS_PER_PASS`` of them per
+    full-data pass: ``(basis [m, d], products [m, b, d])`` for each pass."""
+    eye = torch.eye(point.shape[-1], dtype=point.dtype, device=point.device)
+    for start in range(0, point.shape[-1], DIRECTIONS_PER_PASS):
+        basis = eye[start : start + DIRECTIONS_PER_PASS]
+        yield basis, hessian_products(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
+
+
+def client_hessian_matrices(
+    client_gradients: Callable, point: torch.Tensor, num_clients: int
+) -> torch.Tensor:
+    r"""Every client's whole Hessian :math:`\nabla^2 U^i` at ``point`` (``[d]``), ``[b, d, d]``, from
+    :math:`d` Hessian-vector products (as :func:`client_hessians`)."""
+    rows = torch.cat([products for _, products in _unit_products(client_gradients, point, num_clients)])
+    return rows.movedim(0, -1)  # [b, d, d]: H_i e_k in column k
+
+
 def client_hessians(
     client_gradients: Callable[[torch.Tensor], torch.Tensor],
     point: torch.Tensor,
@@ -201,12 +219,8 @@ def client_hessians(
         differentiable by :func:`torch.func.jvp`.
     :param network: the :class:`~pyro_fed.network.base.Network` that sums the clients' Hessians.
     """
-    d = point.shape[-1]
-    eye = torch.eye(d, dtype=point.dtype, device=point.device)
     diagonals, rows = [], []
-    for start in range(0, d, DIRECTIONS_PER_PASS):
-        basis = eye[start : start + DIRECTIONS_PER_PASS]
-        products = hessian_products(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
+    for basis, products in _unit_products(client_gradients, point, num_clients):
         diagonals.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
         if total:
             rows.append(network.sum(products))  # [m, d]: rows k of the summed Hessian

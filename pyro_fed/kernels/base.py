@@ -209,7 +209,7 @@ class FederatedKernel(MCMCKernel):
                 f"{type(network).__name__}."
             )
         self._network = network
-        self._in_process = InProcessNetwork()  # the default, one per kernel: its runs keep their iteration
+        self._in_process = InProcessNetwork()  # the default, one per kernel
         self.gradient_mode = check_mode(gradient_mode)
         check_clients(clients)
         self.clients = clients

@@ -5,8 +5,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-import torch
-
 from ..algorithms import adaptation, fald
 from .arguments import check_probability
 from .base import FederatedKernel
@@ -143,11 +141,7 @@ class FaldKernel(FederatedKernel):
         if chosen is None or self.comm_prob == 1.0 or pot.dim > adaptation.DENSE_DIMENSIONS:
             return
         # every client's Hessian at the mode (d Hessian-vector products per client, as the warm-up's)
-        basis = torch.eye(pot.dim, dtype=pot.dtype, device=pot.device)[:, None, :]
-        products = adaptation.hessian_products(
-            pot.full_gradient_fn, chosen.mode, basis.expand(-1, pot.num_clients, -1)
-        )
-        hessians = products.movedim(0, -1)  # [b, d, d]
+        hessians = adaptation.client_hessian_matrices(pot.full_gradient_fn, chosen.mode, pot.num_clients)
         gradients = self._full_gradients(chosen.mode[None])[0]
         mass = chosen.preconditioner
         step = chosen.step_size * (mass.diag() if mass.dim() == 1 else mass)
