@@ -311,10 +311,16 @@ def _static(constraint: constraints.Constraint) -> bool:
     return True
 
 
+def _layers(fn) -> list:
+    """``fn`` and the distributions it wraps (``Independent``, masks, expansions), outermost first."""
+    layers = [fn]
+    while type(layers[-1]).__name__ in ("Independent", "MaskedDistribution", "ExpandedDistribution"):
+        layers.append(layers[-1].base_dist)
+    return layers
+
+
 def _distribution_name(fn) -> str:
-    while type(fn).__name__ in ("Independent", "MaskedDistribution", "ExpandedDistribution"):
-        fn = fn.base_dist
-    return type(fn).__name__
+    return type(_layers(fn)[-1]).__name__
 
 
 def is_random_variable(site: dict) -> bool:
@@ -543,11 +549,9 @@ class ModelSites:
         node = self.initial_trace.nodes[name]
         fn, value = node["fn"], node["value"]
         observed = torch.ones(fn.batch_shape, dtype=torch.bool, device=value.device)
-        masks = [node["mask"]]
-        while type(fn).__name__ in ("Independent", "MaskedDistribution", "ExpandedDistribution"):
-            if isinstance(fn, MaskedDistribution):
-                masks.append(fn._mask)
-            fn = fn.base_dist
+        masks = [node["mask"]] + [
+            layer._mask for layer in _layers(fn) if isinstance(layer, MaskedDistribution)
+        ]
         for mask in masks:
             if mask is not None:
                 observed = observed & torch.as_tensor(mask, device=value.device)
@@ -626,9 +630,9 @@ class ModelSites:
         """
         model = self.model if observed else poutine.uncondition(self.model)
         conditioned = poutine.condition(model, data={**values, self.plate: indices})
-        model = _FillMasked(getattr(self, "placeholders", {}))(_FixMissing(self.missing_sites)(conditioned))
-        full_size = _full_size_plate(self.plate) if getattr(self, "full_size_subsample", False) else None
-        with pyro.validation_enabled(False), full_size or contextlib.nullcontext():
+        model = _FillMasked(self.placeholders)(_FixMissing(self.missing_sites)(conditioned))
+        full_size = _full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
+        with pyro.validation_enabled(False), full_size:
             return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model))).get_trace(
                 *self.model_args, **self.model_kwargs
             )
