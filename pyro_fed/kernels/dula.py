@@ -93,9 +93,8 @@ class DulaKernel(FederatedKernel):
     ):
         super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
         self.record_agents = bool(record_agents)
-        self._step_report = (
-            None  # why the automatic step leaves too few independent draws (finish_adaptation)
-        )
+        # why the automatic step leaves too few independent draws (finish_adaptation)
+        self._step_report = None
         self.graph_spec = graph
         #: the agents' :class:`~pyro_fed.network.graphs.Graph`, built at set-up
         self.graph = None
