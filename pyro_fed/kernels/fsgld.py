@@ -1,0 +1,246 @@
+"""FSGLD as a Pyro MCMC kernel."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from ..algorithms import adaptation, fsgld
+from ..algorithms.mode import MODE_TOLERANCE
+from . import warmup
+from .arguments import check_positive_int
+from .base import FederatedKernel
+
+#: the surrogates' forms: ``"auto"`` is dense up to ``adaptation.DENSE_DIMENSIONS`` coordinates
+SURROGATE_FORMS = ("auto", "dense", "diagonal")
+
+
+class FsgldKernel(FederatedKernel):
+    r"""Federated stochastic gradient Langevin dynamics (FSGLD) with conducive gradients.
+
+    Before sampling, every client :math:`i` fits a Gaussian surrogate :math:`\tilde U^i(x) = \frac12 (x -
+    \mu_i)^\top \Lambda_i (x - \mu_i)` of its potential and uploads it once. Each round the server draws one
+    client :math:`s \sim \mathrm{Cat}(p)` and sends it :math:`x`; the client takes :math:`K` =
+    ``local_steps`` Langevin steps with the conducive gradient and sends :math:`x` back:
+
+    .. math::
+
+        g(x) = \frac1{p_s} \Big(\hat\nabla U^s(x) - \nabla\tilde U^s(x)\Big) + \sum_i \nabla\tilde U^i(x),
+        \qquad x \leftarrow x - \gamma\, m \odot g(x) + \sqrt{2\gamma m} \odot Z.
+
+    :math:`g` is an unbiased estimate of :math:`\nabla U` whatever the surrogates, and equals it where they
+    are exact (Gaussian clients): the better the surrogates, the smaller the noise the round's single client
+    adds (see :mod:`pyro_fed.algorithms.fsgld`). Each draw is :math:`x` after one local step (``thinning``
+    steps with ``thinning > 1``); :math:`m` is the preconditioner (see :class:`~pyro_fed.FederatedKernel`).
+
+    **Surrogates.** By default each client's is its second-order Taylor expansion at the mode :math:`\hat x`
+    of :math:`U` (the warm-up's, or found by L-BFGS with a given ``step_size``): :math:`\Lambda_i =
+    \nabla^2 U^i(\hat x)`, :math:`\Lambda_i \mu_i = \Lambda_i \hat x - \nabla U^i(\hat x)` — a Laplace
+    approximation of :math:`U^i` whose error is smallest where the chains go, exact for Gaussian clients
+    (:func:`~pyro_fed.algorithms.fsgld.fit_surrogates`). It costs each client :math:`d` Hessian-vector
+    products and a gradient, computed locally; each client uploads :math:`d^2 + d` floats (:math:`2d` for a
+    diagonal :math:`\Lambda_i`) and downloads their sums, counted once in the bits at set-up.
+
+    **Cost per round:** ``32 d`` bits down and ``32 d`` up, one client's gradients per local step.
+    ``sample_stats`` records per draw ``client`` (the client that took the draw's last step) and
+    ``new_round`` (a round started within the draw's iterations), beside the cumulative bits.
+
+    **Reference:** El Mekkaoui, Mesquita, Blomstedt, Kaski, *Federated stochastic gradient Langevin
+    dynamics*, UAI 2021.
+
+    :param int local_steps: :math:`K`, the local steps of a round (default 1: a fresh client every
+        iteration, whose error is independent from one step to the next, which is the noise the warm-up's
+        step rule accounts for exactly; a larger :math:`K` sends :math:`K` times fewer messages, but the
+        round's client errs the same way for :math:`K` steps, which the automatic step pays for as :math:`K`
+        times the variance, and with surrogates that are not exact the stationary mean moves off the
+        posterior's: :math:`K` steps of one random client are not :math:`K` steps of their average).
+    :param client_probs: :math:`p`, the law of the round's client: ``None`` (default: :math:`p_i = N_i / N`,
+        each client's share of the data) or ``b`` positive numbers (normalised).
+    :param surrogates: ``None`` (default: fitted, see above) or ``(means, precisions)``: :math:`\mu_i`
+        ``[b, d]`` and :math:`\Lambda_i` ``[b, d, d]`` (symmetric) or ``[b, d]`` (diagonal), for every
+        client in the global order, in the model's flat unconstrained coordinates (e.g. Laplace
+        approximations at the clients' own modes, or Gaussians fitted to local draws as in the paper).
+    :param str surrogate_form: the fitted precisions' form: ``"auto"`` (default: dense up to
+        ``DENSE_DIMENSIONS`` = 200 coordinates, else diagonal), ``"dense"`` or ``"diagonal"``.
+
+    The other arguments are those of :class:`~pyro_fed.FederatedKernel`; the prior is split among the
+    clients (their surrogates fit their shares of it), so ``prior_weights="server"`` is refused. The
+    automatic step size is the server's on the whole potential, with the noise of the conducive estimate
+    (the random client and its minibatch, scaled by :math:`K`) measured at draws of the Laplace
+    approximation.
+    """
+
+    #: the step moves the global iterate on an estimate of the whole potential's gradient
+    server_step = True
+
+    def __init__(
+        self,
+        model: Callable,
+        clients=None,
+        *,
+        local_steps: int = 1,
+        client_probs=None,
+        surrogates: tuple[torch.Tensor, torch.Tensor] | None = None,
+        surrogate_form: str = "auto",
+        **kwargs,
+    ):
+        if isinstance(kwargs.get("prior_weights"), str) and kwargs["prior_weights"] == "server":
+            raise ValueError(
+                "prior_weights='server': FSGLD's clients fit their surrogates to their own potentials, "
+                "shares of the prior included (a likelihood alone may have no mode to expand around): split "
+                "the prior among the clients ('proportional', the default, 'uniform' or a tensor)."
+            )
+        super().__init__(model, clients, **kwargs)
+        self.local_steps = check_positive_int("local_steps", local_steps)
+        self.client_probs = _check_client_probs(client_probs)
+        self.surrogates = _check_surrogates(surrogates)
+        if surrogate_form not in SURROGATE_FORMS:
+            raise ValueError(f"surrogate_form must be one of {SURROGATE_FORMS}; got {surrogate_form!r}.")
+        if surrogates is not None and surrogate_form != "auto":
+            raise ValueError(
+                "surrogate_form is the form of the fitted surrogates; the surrogates given have their own "
+                "(their precisions' shape): leave surrogate_form out."
+            )
+        self.surrogate_form = surrogate_form
+        self._fitted = None  # (potential, point, surrogates): the last surrogates fitted, kept for the run
+
+    # ---------------------------------------------------------------- set-up
+    def probabilities(self) -> torch.Tensor:
+        """:math:`p` over all the run's clients, ``[b]`` (float64): the user's normalised, or
+        :math:`N_i / N`."""
+        pot = self.potential
+        b = len(pot.all_client_sizes)
+        if self.client_probs is not None and len(self.client_probs) != b:
+            raise ValueError(
+                f"client_probs has {len(self.client_probs)} entries; the run has {b} clients: give one "
+                "positive number per client (in the global client order), or leave it None (p_i = N_i / N)."
+            )
+        return fsgld.client_probabilities(pot.all_client_sizes, self.client_probs)
+
+    def client_surrogates(self, point: torch.Tensor | None = None) -> fsgld.Surrogates:
+        """The held clients' surrogates and their sums: the user's, or fitted at ``point`` (default: the
+        warm-up's mode, or the mode found by L-BFGS), fitted once per point and run."""
+        pot = self.potential
+        if self.surrogates is not None:
+            return self._given_surrogates()
+        if point is None:
+            point = self._mode()
+        fitted = self._fitted
+        if fitted is not None and fitted[0] is pot and torch.equal(fitted[1], point):
+            return fitted[2]
+        form = self.surrogate_form
+        dense = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
+        surrogates = fsgld.fit_surrogates(
+            pot.full_gradient_fn, point, pot.num_clients, pot.network, dense=dense
+        )
+        self._fitted = (pot, point.clone(), surrogates)
+        return surrogates
+
+    def _given_surrogates(self) -> fsgld.Surrogates:
+        pot = self.potential
+        means, precisions = (t.to(pot.device, pot.dtype) for t in self.surrogates)
+        b = len(pot.all_client_sizes)
+        if means.shape != (b, pot.dim) or precisions.shape not in ((b, pot.dim, pot.dim), (b, pot.dim)):
+            raise ValueError(
+                f"surrogates: means of shape {tuple(means.shape)} and precisions of shape "
+                f"{tuple(precisions.shape)}; the run has {b} clients and {pot.dim} unconstrained "
+                f"coordinates: give means [{b}, {pot.dim}] and precisions [{b}, {pot.dim}, {pot.dim}] (or "
+                f"[{b}, {pot.dim}], diagonal), for every client in the global order."
+            )
+        held = pot.network.held(b)
+        return fsgld.surrogates_from_moments(means[held], precisions[held], pot.network)
+
+    def _mode(self) -> torch.Tensor:
+        """The point the surrogates are fitted at: the warm-up's mode, or one found by L-BFGS."""
+        pot = self.potential
+        if self.adaptation is not None:
+            return self.adaptation.mode
+        search = warmup.find_mode(pot, pot.initial_flat)
+        pot.network.record_averages(search.evaluations, shared=True)
+        if not search.converged:
+            warnings.warn(
+                f"FSGLD's surrogates: the search for the mode stopped after {search.evaluations} evaluations "
+                f"with a Newton decrement of {search.decrement:.3g} (it stops at {MODE_TOLERANCE}): the "
+                "surrogates are expanded there, which keeps the conducive gradient unbiased but noisier. "
+                "Give surrogates, or leave step_size automatic (the warm-up checks the mode with the "
+                "Hessian).",
+                stacklevel=4,
+            )
+        return search.point
+
+    def make_algorithm(self, **common) -> fsgld.Fsgld:
+        surrogates = self.client_surrogates()
+        # every client uploads its surrogate and downloads their sums, once for all chains: as many
+        # averages of d floats as a surrogate holds
+        self.network.record_averages(surrogates.floats_per_client() // self.potential.dim, shared=True)
+        return fsgld.Fsgld(
+            surrogates=surrogates,
+            probabilities=self.probabilities(),
+            local_steps=self.local_steps,
+            **common,
+        )
+
+    # ---------------------------------------------------------------- warm-up hooks
+    def random_at_full_batch(self) -> bool:
+        # the round's client is random: with more than one client the estimate is noisy even on full data
+        return self.network.num_clients > 1
+
+    def adaptation_noise(self, minibatch_gradients, mode, points):
+        return fsgld.estimate_noise(
+            minibatch_gradients,
+            points,
+            self.client_surrogates(mode).to(points),
+            self.probabilities(),
+            self.network,
+            self.local_steps,
+        )
+
+    def upload_rate(self) -> float:
+        # one client uploads d floats per round of local_steps iterations: 1 / (b K) of a round in which
+        # every client does
+        return 1.0 / (self.network.num_clients * self.local_steps)
+
+
+def _check_client_probs(value) -> torch.Tensor | None:
+    if value is None:
+        return None
+    try:
+        probs = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        probs = None
+    if (
+        probs is None
+        or probs.dim() != 1
+        or len(probs) == 0
+        or not bool((probs.isfinite() & (probs > 0)).all())
+    ):
+        raise ValueError(
+            "client_probs must be None (p_i = N_i / N) or a 1-D sequence of positive finite numbers, one per "
+            f"client (normalised; every client needs a chance, or its data are never read); got {value!r}."
+        )
+    return probs
+
+
+def _check_surrogates(value):
+    if value is None:
+        return None
+    if not (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(t, torch.Tensor) for t in value)
+    ):
+        raise ValueError(
+            "surrogates must be None (fitted at the mode) or a pair (means, precisions) of tensors: means "
+            f"[b, d], precisions [b, d, d] or [b, d] (diagonal); got {value!r}."
+        )
+    means, precisions = (t.detach() for t in value)
+    if not bool(means.isfinite().all() and precisions.isfinite().all()):
+        raise ValueError("surrogates: the means and precisions must be finite.")
+    if precisions.dim() == 3 and not torch.allclose(precisions, precisions.transpose(-1, -2)):
+        raise ValueError(
+            "surrogates: a dense precision is a Hessian, symmetric; these are not (symmetrise them, "
+            "(L + L.T) / 2, or give the inverse covariances)."
+        )
+    return means, precisions
