@@ -14,6 +14,8 @@ the other clients only through its :class:`~pyro_fed.network.base.Network`:
   (:meth:`~Algorithm.meeting_iterations`; the others run :meth:`~Algorithm.local_step`), and the draws'
   bookkeeping, which each iteration computes where its clients are held (:meth:`~Algorithm.summary`) and a
   chunk combines at its end with one meeting (:meth:`~Algorithm.report`);
+- which clients **work** in an iteration (:meth:`~Algorithm.working_clients`): the gradient oracle evaluates
+  only those (QLSD's active clients), all of them by default;
 - its **per-iteration traffic** (:meth:`~Algorithm.traffic`), the bits each iteration sent, counted on the
   host from the coins;
 - its **out-of-step events** (:meth:`~Algorithm.event_iterations`, :meth:`~Algorithm.event`): rare, expensive
@@ -90,6 +92,17 @@ class Algorithm:
         C, b, d]`` to this iteration's gradient estimates; ``inputs`` is this iteration's row of
         :meth:`~pyro_fed.algorithms.base.Algorithm.inputs`; ``step_size`` is :math:`\\gamma`,
         preconditioned (see :func:`~pyro_fed.algorithms.langevin.langevin_step`)."""
+        raise NotImplementedError
+
+    #: whether an iteration reads the gradients of some of the clients only (:meth:`working_clients`)
+    selects_clients: ClassVar[bool] = False
+
+    def working_clients(self, coins: dict[str, np.ndarray]) -> np.ndarray:
+        """``[K, C, b]`` bool, every client of the run (wherever it is held): the clients whose gradient
+        estimates each iteration of a chunk reads, when :attr:`selects_clients`. The gradient oracle then
+        evaluates those alone (:meth:`~pyro_fed.model.potential.FederatedPotential.working_gradients`) and
+        gives the others zeros, which :meth:`step` must not read: an iteration costs the work of its working
+        clients, not of all of them."""
         raise NotImplementedError
 
     def meeting_iterations(self, coins: dict[str, np.ndarray]) -> np.ndarray:

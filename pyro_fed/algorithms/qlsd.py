@@ -364,6 +364,14 @@ class Qlsd(Algorithm):
             exact_gradients=self.exact_gradients,
         )
 
+    @property
+    def selects_clients(self) -> bool:
+        # the idle clients' uploads are zeros (step): their gradients are never read
+        return self.participation < 1
+
+    def working_clients(self, coins):
+        return coins["active"]
+
     def points(self, state):
         return state.server.unsqueeze(-2)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..engine.randomness import CLIENTS_PER_BLOCK, Randomness
@@ -93,6 +94,7 @@ class MinibatchSampler:
                     block_sizes=all_client_sizes[first:last],
                     held=slice(keep.start - first, keep.stop - first),
                     width=width,
+                    first_client=first,
                 )
             )
         self.datum_weights = self._joined([b.datum_weights for b in self.blocks])
@@ -106,9 +108,17 @@ class MinibatchSampler:
         joined = torch.cat(chains, -2)
         return joined.reshape(*joined.shape[:-3], -1, joined.shape[-1])
 
-    def __call__(self) -> torch.Tensor:
-        """Indices ``[K, C·b, n]`` of the chunk's minibatches."""
-        return self._joined([block() for block in self.blocks])
+    def __call__(self, working: np.ndarray | None = None) -> torch.Tensor:
+        """Indices ``[K, C·b, n]`` of the chunk's minibatches. With ``working`` (``[K', C, B]`` bool, every
+        client of the run, ``K' <= K``: the clients whose gradients the chunk's first ``K'`` iterations read;
+        see :meth:`~pyro_fed.algorithms.base.Algorithm.working_clients`), only the permutations those
+        read are sorted: the others' minibatches are placeholders (valid indices of the client's data, never
+        a draw's) and every read one is what it would be without ``working``, from the same keys."""
+        parts = []
+        for block in self.blocks:
+            first = block.first_client
+            parts.append(block(None if working is None else working[:, :, first : first + block.num_clients]))
+        return self._joined(parts)
 
 
 class _BlockSampler:
@@ -128,8 +138,12 @@ class _BlockSampler:
         block_sizes: torch.Tensor,
         held: slice,
         width: int,
+        first_client: int,
     ):
         self.generator, self.held, self.num_chains = generator, held, num_chains
+        #: the block's first client in the run's order
+        self.first_client = first_client
+        self.num_clients = len(block_sizes)
         # the block's other clients only take their keys: placeholders of their sizes
         placeholders = [torch.zeros(int(n), dtype=torch.long) for n in block_sizes]
         client_indices = placeholders[: held.start] + list(client_indices) + placeholders[held.stop :]
@@ -157,6 +171,9 @@ class _BlockSampler:
             column, batch[:, None] - 1
         )  # padding repeats
         rows = (first_row + epoch)[..., None]  # [K, C, b, 1]
+        # the row each iteration of each chain's client reads, and the rows unsorted: their table's order
+        self.row_read = rows[..., 0].cpu().numpy()
+        self.unsorted = torch.arange(table.shape[1], device=device).expand(len(client_of_row), -1)
         self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), width)
         real = column < batch[:, None]
         weights = torch.where(real, (sizes / batch)[:, None].to(dtype), torch.zeros((), dtype=dtype))
@@ -171,12 +188,23 @@ class _BlockSampler:
             return values
         return per_chain[..., self.held, :].reshape(*values.shape[:-2], -1, values.shape[-1])
 
-    def __call__(self) -> torch.Tensor:
-        """Indices ``[K, C·b, n]`` of the chunk's minibatches of the held clients."""
-        # float64 keys: ties (which would favour an order) are practically impossible
+    def __call__(self, working: np.ndarray | None = None) -> torch.Tensor:
+        """Indices ``[K, C·b, n]`` of the chunk's minibatches of the held clients; with ``working`` (``[K',
+        C, b]``, this block's clients), only the rows those iterations read are sorted."""
+        # float64 keys: ties (which would favour an order) are practically impossible; every key is drawn,
+        # whichever rows are sorted, so that the stream is the same
         keys = torch.rand(
             self.table.shape, generator=self.generator, dtype=torch.float64, device=self.table.device
         )
         keys = keys.masked_fill(self.padding, 2.0)  # padding sorts last
-        permuted = self.table.gather(1, keys.argsort(1))
+        if working is None:
+            order = keys.argsort(1)
+        else:
+            held = np.zeros(self.num_clients, dtype=bool)
+            held[self.held] = True
+            read = np.unique(self.row_read[: len(working)][working & held])
+            read = torch.as_tensor(read, dtype=torch.long, device=keys.device)
+            order = self.unsorted.clone()
+            order[read] = keys[read].argsort(1)
+        permuted = self.table.gather(1, order)
         return self._held_rows(permuted.view(-1)[self.gather])

@@ -74,19 +74,25 @@ class ChunkRunner:
         # the names of the iterations' summaries, in the order of their outputs
         self._summary_names = tuple(algorithm.summary(algorithm.state_type(*state)))
 
-    def gradients(self, indices: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-        """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape."""
+    def gradients(
+        self, indices: torch.Tensor | None, rows: torch.Tensor | None = None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This iteration's gradient estimates: client points ``[..., C, b, d]`` -> same shape; with
+        ``rows`` (:func:`working_rows`), those of the working clients alone, zeros elsewhere."""
         pot = self.potential
 
         def gradients(points: torch.Tensor) -> torch.Tensor:
+            if rows is not None:
+                weights = None if indices is None else self.minibatches.datum_weights
+                return pot.working_gradients(points, rows, indices, weights)
             if indices is None:
                 return pot.full_gradient_fn(points.reshape(-1, pot.num_clients, pot.dim)).reshape(
                     points.shape
                 )
             # the chains' minibatches [C, b, n], the same at every leading point
-            rows = (-1, pot.num_clients, indices.shape[-1])
-            weights = self.minibatches.datum_weights.reshape(rows)
-            return pot.minibatch_gradients(points, indices.reshape(rows), weights)
+            shape = (-1, pot.num_clients, indices.shape[-1])
+            weights = self.minibatches.datum_weights.reshape(shape)
+            return pot.minibatch_gradients(points, indices.reshape(shape), weights)
 
         return gradients
 
@@ -104,10 +110,11 @@ class ChunkRunner:
         iterations together at its end, with one meeting instead of one per iteration."""
         checked, meets = variant
         indices, inputs = (inputs[0], inputs[1:]) if self.minibatches is not None else (None, inputs)
+        rows, inputs = (inputs[0], inputs[1:]) if self.algorithm.selects_clients else (None, inputs)
         step_size, start, bound = constants
         algorithm = self.algorithm
         step = algorithm.step if meets else algorithm.local_step
-        new = tuple(step(algorithm.state_type(*state), self.gradients(indices), inputs, step_size))
+        new = tuple(step(algorithm.state_type(*state), self.gradients(indices, rows), inputs, step_size))
         valid = held_finite(new)
         if checked:
             summary = {k: v.unsqueeze(0) for k, v in algorithm.summary(algorithm.state_type(*new)).items()}
@@ -158,10 +165,18 @@ class ChunkRunner:
             self.potential.gradient_mode = "compiled"
 
     def _inputs(self, coins: dict[str, np.ndarray], num_iterations: int) -> tuple[torch.Tensor, ...]:
-        inputs = self.algorithm.inputs(self.rng, coins)
+        """The chunk's inputs: the minibatches (unless full), the working clients' rows (where the algorithm
+        selects them), then the algorithm's own."""
+        algorithm, working = self.algorithm, None
+        inputs = algorithm.inputs(self.rng, coins)
+        if algorithm.selects_clients:
+            working = algorithm.working_clients(coins)
+            holdings = self.network.holdings(working.shape[-1])
+            rows = working_rows(working, holdings, self.network.held(working.shape[-1]))
+            inputs = (torch.as_tensor(rows, device=self.state[0].device), *inputs)
         if self.minibatches is None:
             return inputs
-        return (self.minibatches()[:num_iterations], *inputs)
+        return (self.minibatches(working)[:num_iterations], *inputs)
 
     def run_chunk(self) -> None:
         """Compute the next chunk of draws of every chain.
@@ -222,6 +237,26 @@ class ChunkRunner:
         valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
         report = algorithm.report(dict(zip(self._summary_names, values, strict=True)))
         return state, valid, report, event_seconds
+
+
+def working_rows(working: np.ndarray, holdings: list[slice], held: slice) -> np.ndarray:
+    """``[K, R]``: the working (chain, client) pairs held here of each of a chunk's iterations, as indices
+    ``c b_h + i`` of the held clients' flattened ``[C b_h]`` pairs, padded with ``C b_h`` (none); from
+    ``working`` ``[K, C, b]``, every client of the run (:meth:`~pyro_fed.algorithms.base.Algorithm.
+    working_clients`). ``R`` is the same for every holder (``holdings``, each holder's clients): its largest
+    count of pairs in an iteration, rounded up to a quarter of its power of two, so that a run prepares few
+    shapes (a new ``R`` is a new shape of the prepared iteration) and evaluates at most 1.25 times the pairs
+    that work (a fixed ``R`` of every pair would evaluate them all)."""
+    num_iterations, num_chains, _ = working.shape
+    largest = max(int(working[:, :, s].sum((1, 2)).max()) for s in holdings)
+    step = 2 ** max(0, largest.bit_length() - 3)
+    width = min(-(-max(largest, 1) // step) * step, max(num_chains * (s.stop - s.start) for s in holdings))
+    mine = working[:, :, held].reshape(num_iterations, -1)
+    pairs = mine.shape[1]
+    if pairs < width:  # a holder of fewer clients than the widest: padded to the shared width
+        mine = np.concatenate([mine, np.zeros((num_iterations, width - pairs), dtype=bool)], 1)
+    order = np.argsort(~mine, axis=1, kind="stable")[:, :width]  # the working pairs first, in order
+    return np.where(np.take_along_axis(mine, order, 1), order, pairs)
 
 
 def _bounded(positions: torch.Tensor, start: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:

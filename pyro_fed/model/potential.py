@@ -221,6 +221,44 @@ class FederatedPotential:
         to trace inside a larger one, ``[..., b, d]``."""
         return self.gradient_fn(*self.minibatch_arguments(points, indices, weights)).reshape(points.shape)
 
+    def working_gradients(
+        self,
+        points: torch.Tensor,
+        rows: torch.Tensor,
+        indices: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The gradient estimates of the working clients alone, zeros for the others: ``[..., C, b, d]``
+        (untraced: a pure tensor function to trace inside a larger one).
+
+        :param points: the clients' points ``[..., C, b, d]``.
+        :param rows: ``[R]``, the working (chain, client) pairs as indices ``c b + i`` of the flattened
+            ``[C b]`` pairs; ``C b`` pads (none). Only these ``R`` pairs are evaluated, at each leading point.
+        :param indices: the chains' minibatches ``[C, b, n]`` and their datum ``weights``, or ``None``: each
+            client's whole data (:attr:`full_batches`; summed in another order than
+            :meth:`full_client_grads`, so equal to rounding).
+        """
+        b, d = self.num_clients, self.dim
+        flat = points.reshape(-1, points.shape[-3] * b, d)  # [L, C b, d]
+        pairs, count = flat.shape[1], rows.shape[0]
+        taken = rows.clamp(max=pairs - 1)  # padding reads a real pair; its result goes to the dropped row
+        if indices is None:
+            batches = self.full_batches
+            chosen, datum_weights = batches.indices[taken % b], batches.datum_weights[taken % b]
+        else:
+            chosen = indices.reshape(pairs, -1)[taken]
+            datum_weights = weights.reshape(pairs, -1)[taken]
+        leading, n = flat.shape[0], chosen.shape[-1]
+        grads = self.gradient_fn(
+            flat[:, taken].reshape(-1, d),
+            chosen.expand(leading, count, n).reshape(-1, n),
+            datum_weights.expand(leading, count, n).reshape(-1, n),
+            self.prior_weights[taken % b].expand(leading, count).reshape(-1),
+        ).reshape(leading, count, d)
+        # one row past the pairs takes the padding's results, then is dropped
+        spread = flat.new_zeros(leading, pairs + 1, d).index_copy(1, rows, grads)
+        return spread[:, :pairs].reshape(points.shape)
+
     def full_client_grads(self, points: torch.Tensor) -> torch.Tensor:
         """Full local gradients :math:`\\nabla U^i(x_i)` of every client: ``[d]`` (one common point) ->
         ``[b, d]``, ``[b, d]`` -> ``[b, d]`` or ``[m, b, d]`` -> ``[m, b, d]``."""

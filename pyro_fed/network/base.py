@@ -131,6 +131,11 @@ class Network:
         """Which of the ``num_clients`` clients of the run (in their global order) are held here."""
         raise NotImplementedError
 
+    def holdings(self, num_clients: int) -> list[slice]:
+        """Which clients every holder holds, in holder order (:meth:`held` of each): the host decides
+        shapes that every holder must share from them (the gradient oracle's rows of working clients)."""
+        return [self.held(num_clients)]
+
     def gather(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
         """Every client's ``values`` in the global client order, from the held clients' ``values`` whose axis
         ``dim`` holds the clients (for example the global client sizes from the local ones, ``dim=-1``)."""

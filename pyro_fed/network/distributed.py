@@ -201,6 +201,10 @@ class TorchDistributedNetwork(Network):
         self._check_blocks(num_clients)
         return blocks(int(num_clients), self.world_size)[self.rank]
 
+    def holdings(self, num_clients: int) -> list[slice]:
+        self._check_blocks(num_clients)
+        return blocks(int(num_clients), self.world_size)
+
     def gather(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
         """Every client's ``values`` in the global order (each rank's block after the previous rank's). The
         blocks may differ in size (by one client under :meth:`held`'s rule, which is checked: each rank must

@@ -1,3 +1,4 @@
+import numpy as np
 import torch
 
 from pyro_fed.data.minibatch import MinibatchSampler
@@ -113,3 +114,18 @@ def test_a_size_per_client_is_each_clients_own_at_most_its_data():
         assert rows.min() >= start and rows.max() < start + size
         assert torch.equal(weights[client, :n], torch.full((n,), size / n))
         assert (weights[client, n:] == 0).all()
+
+
+def test_only_the_permutations_that_working_clients_read_are_sorted_and_those_are_unchanged():
+    # every key is drawn whether its row is sorted or not: the minibatches read are those of a sampler that
+    # sorts every row, and the next chunk's too
+    working = np.random.default_rng(0).random((6, 2, len(SIZES))) < 0.4
+    every, some = sampler(num_chains=2), sampler(num_chains=2)
+    for _ in range(2):
+        full, selected = every(), some(working)  # [K, C b, n]
+        read = torch.as_tensor(working.reshape(6, -1))
+        assert torch.equal(full[read], selected[read])
+        # the placeholders are valid indices of their client's data
+        owners = torch.repeat_interleave(torch.arange(len(SIZES)), torch.tensor(SIZES))
+        clients = torch.arange(len(SIZES)).repeat(2).expand(6, -1)
+        assert (owners[selected] == clients[..., None]).all()

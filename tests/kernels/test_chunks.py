@@ -1,12 +1,15 @@
 """How a chunk runs: its steps unchecked, then one divergence check at its end (a diverging chunk is run
 again, each step checked), and the steps that meet no other client without the network."""
 
+import numpy as np
 import pytest
 import torch
 from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
-from pyro_fed.kernels.chunks import ChunkRunner
+from pyro_fed.algorithms import qlsd as qlsd_module
+from pyro_fed.kernels.chunks import ChunkRunner, working_rows
+from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.network.in_process import InProcessNetwork
 
 from ..models import gaussian_regression, logistic_data, logistic_model, regression_data
@@ -104,3 +107,56 @@ def test_iterations_that_meet_no_client_run_without_the_network_and_to_the_same_
     assert elsewhere.network.averaging_steps == rounds
     # an average skipped is the select of the iterates kept: the same bits
     assert (here.runner.buffer.all_draws(0) == elsewhere.runner.buffer.all_draws(0)).all()
+
+
+def test_working_rows_list_the_held_working_pairs_in_a_width_every_holder_shares():
+    working = np.zeros((2, 2, 5), dtype=bool)  # [K, C, b]
+    working[0, 0, [1, 3]] = working[0, 1, 4] = True  # iteration 0: pairs 1, 3 and 9 of one holder of all
+    working[1, 1, [0, 1, 2, 3, 4]] = True  # iteration 1: pairs 5..9
+    rows = working_rows(working, [slice(0, 5)], slice(0, 5))
+    assert rows.tolist() == [[1, 3, 9, 10, 10], [5, 6, 7, 8, 9]]  # padded with C b = 10
+    # two holders of clients 0..2 and 3..4: the width is the larger count of either (iteration 1: 3 pairs
+    # of the first, 2 of the second), the same for both, and each lists its own pairs (c b_h + i)
+    first = working_rows(working, [slice(0, 3), slice(3, 5)], slice(0, 3))
+    second = working_rows(working, [slice(0, 3), slice(3, 5)], slice(3, 5))
+    assert first.tolist() == [[1, 6, 6], [3, 4, 5]]
+    assert second.tolist() == [[0, 3, 4], [2, 3, 4]]  # the smaller holder pads to the shared width
+    # widths are rounded up to a quarter of their power of two: few shapes over a run
+    many = np.ones((1, 1, 1000), dtype=bool)
+    many[0, 0, 101:] = False  # 101 working pairs: a width of 112
+    assert working_rows(many, [slice(0, 1000)], slice(0, 1000)).shape == (1, 112)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"quantization_levels": 16, "batch_size": 3},
+        {"control_variate": "svrg", "snapshot_every": 5, "batch_size": 3},
+        {},  # full local batches
+    ],
+)
+def test_partial_participation_evaluates_the_active_clients_alone_to_the_same_draws(options, monkeypatch):
+    def qlsd():
+        kernel = QlsdKernel(
+            logistic_model, 8, participation=0.3, step_size=0.01, gradient_mode="traced", **options
+        )
+        MCMC(kernel, num_samples=100, warmup_steps=0, num_chains=2, disable_progbar=True).run(
+            *logistic_data(80)
+        )
+        return kernel.runner.buffer.all_draws(0)
+
+    evaluated = []
+    gradient_fn = FederatedPotential.working_gradients
+
+    def counted(self, points, rows, *args):
+        evaluated.append(len(rows))
+        return gradient_fn(self, points, rows, *args)
+
+    monkeypatch.setattr(FederatedPotential, "working_gradients", counted)
+    torch.manual_seed(0)
+    selected = qlsd()
+    # 2 chains x 8 clients x 0.3: about 5 active pairs, 16 at most; padded to 1.25 times the chunk's largest
+    assert evaluated and max(evaluated) < 16
+    monkeypatch.setattr(qlsd_module.Qlsd, "selects_clients", False)  # every client's gradient, as before
+    torch.manual_seed(0)
+    assert np.array_equal(selected, qlsd())

@@ -406,3 +406,25 @@ def test_pyro_module_weights_first_read_inside_the_plate_get_the_fix():
         FederatedPotential(Linear(), (x, y), clients=2)
     pot = FederatedPotential(Fixed(), (x, y), clients=2, gradient_mode="eager")
     assert [s.name for s in pot.latent_sites] == ["linear.weight", "linear.bias"]
+
+
+@pytest.mark.parametrize("minibatches", [False, True])
+def test_working_gradients_are_the_working_clients_own_and_zero_elsewhere(minibatches):
+    # two chains of three clients, at two points each (a control variate's pair); the working (chain, client)
+    # pairs 0 (chain 0, client 0), 4 and 5 (chain 1, clients 1 and 2), and a padding row (6 = C b)
+    x, y = regression_data(len(CLIENTS))
+    pot = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS)
+    points = torch.randn(2, 2, 3, pot.dim)
+    rows = torch.tensor([0, 4, 5, 6])
+    if minibatches:
+        indices = torch.stack([ix[:4] for ix in pot.client_indices] * 2).reshape(2, 3, 4)
+        weights = (pot.client_sizes / 4.0).repeat(2)[:, None].expand(6, 4)
+        every = pot.minibatch_gradients(points, indices, weights.reshape(2, 3, 4))
+    else:
+        indices = weights = None
+        every = pot.full_client_grads(points)
+    working = pot.working_gradients(points, rows, indices, weights)
+    kept = torch.zeros(2, 3, dtype=torch.bool)
+    kept.view(-1)[rows[:-1]] = True
+    torch.testing.assert_close(working[:, kept], every[:, kept], rtol=1e-12, atol=1e-12)
+    assert (working[:, ~kept] == 0).all()
