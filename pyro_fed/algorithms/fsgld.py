@@ -202,10 +202,10 @@ def selected_gradient(
     chains whose client is held here; the caller zeroes the others), ``local`` (``[C]``) the client's row
     among the ``num_held`` held clients.
 
-    The one place where the clients' gradients are read: the oracle ``gradients`` evaluates every held client
-    at ``x`` broadcast to them (``[C, b, d]``) and the working client's row is taken (a gather, so that
-    another client's non-finite gradient at :math:`x` cannot leak in). An oracle that evaluates only the
-    working clients would replace this body with one evaluation of client ``local`` per chain."""
+    The one place where the clients' gradients are read: the oracle ``gradients`` is asked for every held
+    client at ``x`` broadcast to them (``[C, b, d]``) and the working client's row is taken (a gather). The
+    oracle evaluates the working client alone (:meth:`Fsgld.working_clients`) and gives the others zeros, so
+    an iteration costs one client's minibatch, not ``b`` of them."""
     rows = gradients(x.unsqueeze(-2).expand(*x.shape[:-1], num_held, x.shape[-1]))  # [C, b, d]
     return rows.gather(-2, local.view(-1, 1, 1).expand(-1, 1, x.shape[-1]))[..., 0, :]
 
@@ -366,6 +366,20 @@ class Fsgld(Algorithm):
             self.network,
             step_size=step_size,
         )
+
+    #: one client works per iteration: the oracle evaluates it alone
+    selects_clients = True
+
+    def working_clients(self, coins, state):
+        # each iteration's client: the round's, carried from the state through the iterations that go on
+        chosen = coins["client"]  # [K, C], -1 where the round goes on
+        latest = np.where(chosen >= 0, np.arange(len(chosen))[:, None], -1)
+        latest = np.maximum.accumulate(latest, 0)  # the iteration that started each iteration's round
+        before = np.broadcast_to(state.client[:, 0].cpu().numpy(), chosen.shape)
+        client = np.where(latest >= 0, np.take_along_axis(chosen, latest.clip(0), 0), before)
+        working = np.zeros((*chosen.shape, self.network.num_clients), dtype=bool)
+        np.put_along_axis(working, client.clip(0)[..., None], (client >= 0)[..., None], -1)
+        return working
 
     def points(self, state):
         return state.server.unsqueeze(-2)

@@ -369,7 +369,7 @@ class Qlsd(Algorithm):
         # the idle clients' uploads are zeros (step): their gradients are never read
         return self.participation < 1
 
-    def working_clients(self, coins):
+    def working_clients(self, coins, state):
         return coins["active"]
 
     def points(self, state):

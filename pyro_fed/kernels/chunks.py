@@ -170,7 +170,7 @@ class ChunkRunner:
         algorithm, working = self.algorithm, None
         inputs = algorithm.inputs(self.rng, coins)
         if algorithm.selects_clients:
-            working = algorithm.working_clients(coins)
+            working = algorithm.working_clients(coins, algorithm.state_type(*self.state))
             holdings = self.network.holdings(working.shape[-1])
             rows = working_rows(working, holdings, self.network.held(working.shape[-1]))
             inputs = (torch.as_tensor(rows, device=self.state[0].device), *inputs)

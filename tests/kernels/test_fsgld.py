@@ -11,6 +11,7 @@ from pyro.infer import MCMC
 from pyro_fed.algorithms import adaptation, fsgld
 from pyro_fed.engine.randomness import Randomness
 from pyro_fed.kernels.fsgld import FsgldKernel
+from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.network.distributed import shard
 from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import (
@@ -239,6 +240,35 @@ def test_rounds_that_straddle_chunks_keep_their_client():
         sequences.append(stats["client"])
     np.testing.assert_array_equal(sequences[0], sequences[1])
     assert len(set(sequences[0].tolist())) == 3
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_the_oracle_evaluates_the_rounds_client_alone_to_the_same_draws(batch_size, monkeypatch):
+    # K = 3 and chunks of 4: rounds go on across chunks, whose working client comes from the state
+    x, y = logistic_data(60)
+
+    def draws():
+        kernel = FsgldKernel(
+            logistic_model, 6, step_size=0.02, local_steps=3, chunk_size=4, batch_size=batch_size,
+            gradient_mode="traced",
+        )  # fmt: skip
+        mcmc = MCMC(kernel, num_samples=40, warmup_steps=0, num_chains=2, disable_progbar=True)
+        pyro.set_rng_seed(0)
+        mcmc.run(x, y)
+        return kernel.runner.buffer.all_draws(0)
+
+    evaluated = []
+    working_gradients = FederatedPotential.working_gradients
+
+    def counted(self, points, rows, *args):
+        evaluated.append(len(rows))
+        return working_gradients(self, points, rows, *args)
+
+    monkeypatch.setattr(FederatedPotential, "working_gradients", counted)
+    selected = draws()
+    assert evaluated and max(evaluated) == 2  # one client of each of the two chains, of 6 x 2 pairs
+    monkeypatch.setattr(fsgld.Fsgld, "selects_clients", False)  # every client's gradient, as before
+    np.testing.assert_array_equal(selected, draws())
 
 
 @pytest.mark.parametrize(
