@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ..algorithms import adaptation, dglmc
@@ -17,7 +18,7 @@ def check_tolerance(value) -> float | torch.Tensor | None:
         return None
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return check_positive("tolerance", value)
-    if isinstance(value, (list, tuple, torch.Tensor)):
+    if isinstance(value, (list, tuple, torch.Tensor, np.ndarray)):
         values = torch.as_tensor(value, dtype=torch.float64).detach()
         if values.dim() == 1 and len(values) and bool((values.isfinite() & (values > 0)).all()):
             return values
@@ -63,7 +64,9 @@ class DglmcKernel(FederatedKernel):
     accurate on its conditional (see :func:`~pyro_fed.algorithms.dglmc.automatic_tolerance`,
     :func:`~pyro_fed.algorithms.dglmc.automatic_step`). The clients' centre relaxes like Langevin with step
     :math:`\gamma / b` on :math:`U`, some 45 times slower per iteration than FALD at the same accuracy: the
-    thinning (half the slowest direction's autocorrelation time, at most 100) grows with it.
+    thinning (half the slowest direction's autocorrelation time, at most 100) grows with it. The
+    preconditioner is the warm-up's for the whole run: the other kernels measure it again from their first
+    draws, which here would change the units of the tolerance, and the step chosen for it, mid-run.
 
     **Reference:** Plassier, Vono, Durmus, Moulines, *DG-LMC: a turn-key and scalable synchronous
     distributed MCMC algorithm via Langevin Monte Carlo within Gibbs*, ICML 2021, Algorithm 1.

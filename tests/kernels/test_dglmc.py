@@ -3,6 +3,7 @@ automatic settings against the exact posterior, communication and arguments."""
 
 import math
 
+import numpy as np
 import pyro
 import pytest
 import torch
@@ -331,6 +332,7 @@ def test_every_iteration_sends_the_clients_iterates_up_and_theta_down():
         ({"tolerance": float("nan"), "step_size": 1e-3}, "tolerance must be a finite positive number"),
         ({"tolerance": [0.1, -0.1]}, r"tolerance must be .* one per client"),
         ({"tolerance": torch.ones(2, 2)}, r"tolerance must be .* one per client"),
+        ({"tolerance": np.array([0.1, float("inf")])}, r"tolerance must be .* one per client"),
         ({"tolerance": 0.1, "step_size": 0.2}, r"step_size=0.2 is at least twice the tolerance 0.1"),
         ({"tolerance": [0.5, 0.05], "step_size": 0.1}, "at least twice the tolerance 0.05"),
         ({"step_size": 1e-3}, "give tolerance too, or pass preconditioner='adapt'"),
