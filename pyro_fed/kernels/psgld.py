@@ -79,10 +79,12 @@ class PsgldKernel(FederatedKernel):
         ...         logits = pyro.subsample(x, event_dim=1) @ w
         ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
         >>> x, y = pyro_fed.datasets.titanic()
-        >>> mcmc = MCMC(PsgldKernel(model, 1), num_samples=300, warmup_steps=100, disable_progbar=True)
-        >>> mcmc.run(x, y)  # pSGLD on the pooled data, step and minibatch chosen
+        >>> kernel = PsgldKernel(model, 1, step_size=0.03, batch_size=64, thinning=20)  # the paper's way
+        >>> mcmc = MCMC(kernel, num_samples=300, warmup_steps=100, disable_progbar=True)
+        >>> mcmc.run(x, y)
         >>> mcmc.get_samples()["w"].shape
         torch.Size([300, 4])
+        >>> kernel = PsgldKernel(model)  # 10 i.i.d. clients, step, minibatch and thinning chosen
     """
 
     #: the step is the server's, on the whole potential
