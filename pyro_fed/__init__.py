@@ -4,7 +4,8 @@ The package's folders are its layers, each importing only those below it: :mod:`
 (randomness, compiled iterations, draws), :mod:`~pyro_fed.data` (clients and minibatches),
 :mod:`~pyro_fed.network` (where clients meet), :mod:`~pyro_fed.model` (the Pyro model split into clients),
 :mod:`~pyro_fed.algorithms` (pure tensor code of the papers' algorithms and of the warm-up's rules),
-:mod:`~pyro_fed.kernels` (the Pyro ``MCMCKernel`` adapters) and :mod:`~pyro_fed.output` (ArviZ, metrics).
+:mod:`~pyro_fed.kernels` (the Pyro ``MCMCKernel`` adapters), :mod:`~pyro_fed.output` (ArviZ, metrics) and
+:mod:`~pyro_fed.consensus` (one-shot consensus Monte Carlo, which needs no iterations).
 """
 
 import importlib
@@ -12,10 +13,21 @@ import importlib.abc
 import importlib.util
 import sys
 
-from . import testing
+from . import consensus, testing
 from .algorithms import convergence
 from .data import datasets, partition
-from .kernels import DulaKernel, FaldKernel, FederatedKernel, QlsdKernel, SgldKernel, VrFaldKernel
+from .kernels import (
+    DglmcKernel,
+    DulaKernel,
+    FaldKernel,
+    FederatedKernel,
+    FsgldKernel,
+    PsgldKernel,
+    QlsdKernel,
+    SgldKernel,
+    SvrgLdKernel,
+    VrFaldKernel,
+)
 from .model.potential import FederatedPotential
 from .network import compression, graphs
 from .network import in_process as communication
@@ -62,13 +74,18 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DglmcKernel",
     "DulaKernel",
     "SgldKernel",
     "FaldKernel",
     "FederatedKernel",
     "FederatedPotential",
+    "FsgldKernel",
+    "PsgldKernel",
+    "SvrgLdKernel",
     "communication",
     "compression",
+    "consensus",
     "convergence",
     "datasets",
     "distributed",

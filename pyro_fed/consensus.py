@@ -33,7 +33,8 @@ of :math:`u`: the prior's share :math:`\varpi_i` takes the log-det-Jacobian of :
     \log \pi_i^u(u) = \varpi_i \big(\log p(T(u)) + \log |\det \partial T(u) / \partial u|\big)
     + \sum_{j \in \text{client } i} \log p(y_j \mid T(u)) + \text{const},
 
-which is exactly the client potential :math:`-U^i` of pyro_fed's kernels (:mod:`pyro_fed.model.potential`).
+which is exactly the client potential :math:`-U^i` of pyro_fed's kernels
+(:class:`~pyro_fed.FederatedPotential`).
 (Sub-posteriors :math:`p(\theta)^{\varpi_i} L_i(\theta)` each carrying the whole Jacobian, as a sampler of
 the constrained density gives them, would multiply to the posterior times :math:`|\det \partial T|^{b-1}`.)
 Unconstrained sites have no Jacobian: their sub-posterior is :math:`p(\theta)^{\varpi_i} L_i(\theta)` as

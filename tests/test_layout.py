@@ -9,7 +9,18 @@ import pyro_fed
 PACKAGE = Path(pyro_fed.__file__).parent
 
 #: the layers, bottom first; a module may import from its own layer and those below it
-LAYERS = ["engine", "data", "network", "model", "algorithms", "kernels", "output", "testing", "__init__"]
+LAYERS = [
+    "engine",
+    "data",
+    "network",
+    "model",
+    "algorithms",
+    "kernels",
+    "output",
+    "consensus",
+    "testing",
+    "__init__",
+]
 
 
 def module_name(path: Path) -> str:

@@ -101,7 +101,7 @@ class Algorithm:
         """``[K, C, b]`` bool, every client of the run (wherever it is held): the clients whose gradient
         estimates each iteration of a chunk reads, when :attr:`selects_clients`, from the chunk's coins and
         the state it starts from (FSGLD's round goes on from the last chunk). The gradient oracle then
-        evaluates those alone (:meth:`~pyro_fed.model.potential.FederatedPotential.working_gradients`) and
+        evaluates those alone (:meth:`~pyro_fed.FederatedPotential.working_gradients`) and
         gives the others zeros, which :meth:`step` must not read: an iteration costs the work of its working
         clients, not of all of them."""
         raise NotImplementedError

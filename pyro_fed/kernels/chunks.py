@@ -242,11 +242,12 @@ class ChunkRunner:
 def working_rows(working: np.ndarray, holdings: list[slice], held: slice) -> np.ndarray:
     """``[K, R]``: the working (chain, client) pairs held here of each of a chunk's iterations, as indices
     ``c b_h + i`` of the held clients' flattened ``[C b_h]`` pairs, padded with ``C b_h`` (none); from
-    ``working`` ``[K, C, b]``, every client of the run (:meth:`~pyro_fed.algorithms.base.Algorithm.
-    working_clients`). ``R`` is the same for every holder (``holdings``, each holder's clients): its largest
-    count of pairs in an iteration, rounded up to a quarter of its power of two, so that a run prepares few
-    shapes (a new ``R`` is a new shape of the prepared iteration) and evaluates at most 1.25 times the pairs
-    that work (a fixed ``R`` of every pair would evaluate them all)."""
+    ``working`` ``[K, C, b]``, every client of the run
+    (:meth:`~pyro_fed.algorithms.base.Algorithm.working_clients`). ``R`` is the same for every holder
+    (``holdings``, each holder's clients): its largest count of pairs in an iteration, rounded up to a quarter
+    of its power of two, so that a run prepares few shapes (a new ``R`` is a new shape of the prepared
+    iteration) and evaluates at most 1.25 times the pairs that work (a fixed ``R`` of every pair would
+    evaluate them all)."""
     num_iterations, num_chains, _ = working.shape
     largest = max(int(working[:, :, s].sum((1, 2)).max()) for s in holdings)
     step = 2 ** max(0, largest.bit_length() - 3)
