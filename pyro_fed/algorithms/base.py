@@ -44,23 +44,42 @@ from ..network.base import Network
 class Algorithm:
     """What every federated algorithm provides; subclasses (one per algorithm module) add their settings.
 
-    :param network: where the clients meet.
+    :param network: where the clients meet, attached to the run (it knows every client of the run,
+        :attr:`num_clients`, and which are held here, :attr:`held_clients`).
     :param int num_chains: independent chains ``C`` run together.
-    :param int num_clients: the clients ``b`` held here (all of them in one process).
     :param int dim: the parameter dimension ``d``.
     :param dtype: the floating type of the state.
     :param device: the device of the state.
+
+    The state's client axis holds the clients held here (:attr:`num_held` of them; all in one process); the
+    host coins are drawn for every client of the run (:attr:`num_clients`), so that every holder draws the
+    same coins and counts the same bits.
     """
 
     network: Network
     num_chains: int
-    num_clients: int
     dim: int
     dtype: torch.dtype
     device: torch.device
 
     #: the state NamedTuple
     state_type: ClassVar[type]
+
+    @property
+    def num_clients(self) -> int:
+        """Every client of the run, wherever it is held: ``b``."""
+        return self.network.num_clients
+
+    @property
+    def held_clients(self) -> slice:
+        """The clients held here, in the run's order (all of them in one process)."""
+        return self.network.held(self.network.num_clients)
+
+    @property
+    def num_held(self) -> int:
+        """The clients held here: the length of the state's client axis."""
+        held = self.held_clients
+        return held.stop - held.start
 
     def held(self, values: torch.Tensor, dim: int = -2) -> torch.Tensor:
         """The held clients' part of ``values`` drawn for all the run's clients (axis ``dim``; a part
@@ -70,8 +89,20 @@ class Algorithm:
         :meth:`~pyro_fed.engine.randomness.Randomness.client_normal`.)"""
         if values.shape[dim] == 1:
             return values
-        held = self.network.held(self.network.num_clients)
-        return values.narrow(dim, held.start, held.stop - held.start)
+        return values.narrow(dim, self.held_clients.start, self.num_held)
+
+    def client_normal(self, rng: Randomness, *leading: int) -> torch.Tensor:
+        """Standard normal noise of the held clients, ``[*leading, b_h, d]``: each client's from its block's
+        stream (:meth:`~pyro_fed.engine.randomness.Randomness.client_normal`), wherever it is held."""
+        return rng.client_normal(
+            *leading, num_clients=self.num_clients, held=self.held_clients, dim=self.dim, dtype=self.dtype
+        )
+
+    def client_uniform(self, rng: Randomness, *leading: int) -> torch.Tensor:
+        """Uniforms of the held clients, ``[*leading, b_h, d]``, drawn as :meth:`client_normal`."""
+        return rng.client_uniform(
+            *leading, num_clients=self.num_clients, held=self.held_clients, dim=self.dim, dtype=self.dtype
+        )
 
     def init(self, positions: torch.Tensor):
         """The initial state, all clients of chain ``c`` at ``positions[c]`` (``[C, d]``)."""

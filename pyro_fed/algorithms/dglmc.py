@@ -239,7 +239,7 @@ class Dglmc(Algorithm):
         self._coupling = self.reference_step * (1.0 if factors is None else self._factors) / tolerance
 
     def init(self, positions):
-        return init(positions, self.num_clients)
+        return init(positions, self.num_held)
 
     def coins(self, rng, first_iteration, num_iterations):
         # no randomness on the host: every iteration is a round of every client
@@ -250,10 +250,7 @@ class Dglmc(Algorithm):
 
     def inputs(self, rng, coins):
         leading = (len(coins["communicated"]), self.local_steps, self.num_chains)
-        everyone = self.network.num_clients
-        client_noise = rng.client_normal(
-            *leading, num_clients=everyone, held=self.network.held(everyone), dim=self.dim, dtype=self.dtype
-        )
+        client_noise = self.client_normal(rng, *leading)
         server_noise = rng.normal(leading[0], self.num_chains, self.dim, dtype=self.dtype)
         return client_noise, server_noise
 

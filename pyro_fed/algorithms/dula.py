@@ -244,7 +244,7 @@ class Dula(Algorithm):
     state_type = DulaState
 
     def init(self, positions):
-        return init(positions, self.num_clients)
+        return init(positions, self.num_held)
 
     def coins(self, rng, first_iteration, num_iterations):
         # no coins: the iteration numbers, for the decaying steps
@@ -256,11 +256,7 @@ class Dula(Algorithm):
 
     def inputs(self, rng, coins):
         iterations = coins["iteration"]
-        agents = self.network.num_clients
-        leading = (len(iterations), self.num_chains)
-        noise = rng.client_normal(
-            *leading, num_clients=agents, held=self.network.held(agents), dim=self.dim, dtype=self.dtype
-        )
+        noise = self.client_normal(rng, len(iterations), self.num_chains)
         return noise, torch.as_tensor(iterations[:, 0], dtype=self.dtype, device=self.device)
 
     def step(self, state, gradients, inputs, step_size):
@@ -301,4 +297,7 @@ class Dula(Algorithm):
         return stats
 
     def traffic(self, coins):
-        return self.network.exchange_traffic(self.graph, coins["iteration"])
+        # d floats along every directed edge, counted as uploaded and as downloaded; every iteration is a
+        # round, unless the graph has no edges (one agent)
+        bits = np.ones_like(coins["iteration"]) * self.graph.exchange_bits(self.dim)
+        return bits, bits, bits > 0

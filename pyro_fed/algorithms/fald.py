@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from . import traffic
 from .base import Algorithm
 from .langevin import client_noise, langevin_step
 
@@ -133,16 +134,16 @@ class Fald(Algorithm):
     state_type = FaldState
 
     def init(self, positions):
-        return init(positions, self.num_clients)
+        return init(positions, self.num_held)
 
     def coins(self, rng, first_iteration, num_iterations):
         return {"communicated": rng.coins(self.comm_prob, num_iterations, self.num_chains)}
 
     def inputs(self, rng, coins):
         leading = (len(coins["communicated"]), self.num_chains)
-        everyone = self.network.num_clients
-        held = self.network.held(everyone)
-        noise = client_noise(rng, leading, everyone, self.dim, self.noise_corr, self.dtype, held)
+        noise = client_noise(
+            rng, leading, self.num_clients, self.dim, self.noise_corr, self.dtype, self.held_clients
+        )
         return noise, torch.as_tensor(coins["communicated"], device=self.device)
 
     def step(self, state, gradients, inputs, step_size):
@@ -180,4 +181,4 @@ class Fald(Algorithm):
 
     def traffic(self, coins):
         communicated = coins["communicated"]
-        return (*self.network.averages_traffic(averages(communicated)), communicated)
+        return (*traffic.averages(averages(communicated), self.num_clients, self.dim), communicated)

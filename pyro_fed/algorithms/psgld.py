@@ -35,8 +35,8 @@ prior's gradient is small in :math:`V`).
 With :math:`\rho = 1` the second moment stays at its start and the step is preconditioned ULA with the fixed
 diagonal :math:`G`. At stationarity on a Gaussian posterior of Hessian :math:`H`, :math:`E[g g^\top] = H` plus
 the minibatch noise's covariance (:math:`E_\pi[\nabla U \nabla U^\top] = H E_\pi[(x - \mu)(x - \mu)^\top] H =
-H`: the Fisher information), so :math:`G \approx 1 / \sqrt{\mathrm{diag}\, H}` (smaller with minibatch noise, which
-adds to :math:`V`) — :func:`stationary_preconditioner`, for which the kernel's warm-up chooses the step.
+H`: the Fisher information), so :math:`G \approx 1 / \sqrt{\mathrm{diag}\, H}` (smaller with minibatch noise,
+which adds to :math:`V`) — :func:`stationary_preconditioner`, for which the kernel's warm-up chooses the step.
 
 Tensors carry a leading chain dimension ``C``; the server noise is an input of :func:`step`, drawn ahead for a
 chunk of iterations.
@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from ..network.base import BITS_PER_FLOAT
+from . import traffic
 from .adaptation import floored_curvature
 from .base import Algorithm
 from .langevin import langevin_step
@@ -187,4 +188,4 @@ class Psgld(Algorithm):
 
     def traffic(self, coins):
         # each client uploads its d-float gradient and downloads the new x
-        return self.network.server_traffic(coins["uploads"], BITS_PER_FLOAT * self.dim)
+        return traffic.server(coins["uploads"], BITS_PER_FLOAT * self.dim, self.num_clients, self.dim)

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..engine.randomness import Randomness
+from . import traffic
 from .adaptation import control_variate_error
 from .base import Algorithm
 from .langevin import langevin_step
@@ -314,8 +315,8 @@ class Qlsd(Algorithm):
 
     def init(self, positions):
         if self.control_variate == "svrg":
-            return init(positions, self.num_clients, self.full_gradients)
-        state = init(positions, self.num_clients, None)
+            return init(positions, self.num_held, self.full_gradients)
+        state = init(positions, self.num_held, None)
         if self.control_variate == "fixed_point":
             point = self.fixed_point.to(positions).expand_as(positions).clone()
             state = with_reference(state, point, state.reference_grads)
@@ -337,12 +338,7 @@ class Qlsd(Algorithm):
         active = self.held(torch.as_tensor(coins["active"], device=self.device), -1)
         if not self.compressor.random:
             return noise, active
-        everyone = self.network.num_clients
-        held = self.network.held(everyone)
-        uniforms = rng.client_uniform(
-            *leading, num_clients=everyone, held=held, dim=self.dim, dtype=self.dtype
-        )
-        return noise, active, uniforms
+        return noise, active, self.client_uniform(rng, *leading)
 
     def step(self, state, gradients, inputs, step_size):
         noise, active, *uniforms = inputs
@@ -381,7 +377,8 @@ class Qlsd(Algorithm):
     def traffic(self, coins):
         # a snapshot sends theta to every client
         message = self.compressor.bits(self.dim)
-        return self.network.server_traffic(coins["active"].sum(-1), message, coins.get("snapshot"))
+        active = coins["active"].sum(-1)
+        return traffic.server(active, message, self.num_clients, self.dim, coins.get("snapshot"))
 
     def coin_statistics(self, coins):
         stats = {"active_clients": coins["active"].sum(-1)}

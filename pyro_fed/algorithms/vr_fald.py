@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from . import traffic
 from .fald import Fald, local_and_average, position
 
 __all__ = [
@@ -155,7 +156,7 @@ class VrFald(Fald):
         # the clients upload their full gradients at the initial point and the server broadcasts the
         # shift: the two averages of a refresh
         self.network.record_averages(2)
-        return init(positions, self.num_clients, self.full_gradients, self.network)
+        return init(positions, self.num_held, self.full_gradients, self.network)
 
     def coins(self, rng, first_iteration, num_iterations):
         coins = super().coins(rng, first_iteration, num_iterations)
@@ -179,7 +180,7 @@ class VrFald(Fald):
 
     def traffic(self, coins):
         averaged = averages(coins["communicated"], coins["refreshed"])
-        return (*self.network.averages_traffic(averaged), coins["communicated"])
+        return (*traffic.averages(averaged, self.num_clients, self.dim), coins["communicated"])
 
     def event_iterations(self, coins):
         return coins["refreshed"].any(1)

@@ -268,8 +268,8 @@ class FederatedKernel(MCMCKernel):
 
     def make_algorithm(self, **common) -> Algorithm:
         """The run's :class:`~pyro_fed.algorithms.base.Algorithm`, its settings resolved, built at set-up
-        after the warm-up; ``common`` are the fields every algorithm has (the network, the numbers of
-        chains and clients, the dimension, the dtype and the device)."""
+        after the warm-up; ``common`` are the fields every algorithm has (the network, attached to the run,
+        the number of chains, the dimension, the dtype and the device)."""
         raise NotImplementedError
 
     # ------------------------------------------------------- Pyro MCMCKernel
@@ -369,7 +369,6 @@ class FederatedKernel(MCMCKernel):
         algorithm = self.make_algorithm(
             network=network,
             num_chains=num_chains,
-            num_clients=pot.num_clients,
             dim=pot.dim,
             dtype=pot.dtype,
             device=pot.device,

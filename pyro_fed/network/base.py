@@ -165,43 +165,16 @@ class Network:
         return error
 
     # ------------------------------------------------------------- accounting
-    def averages_traffic(self, averaged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Bits of ``averaged`` (``[K, C]``) rounds of averaging ``d`` floats: every client uploads its
-        vector and downloads the average. ``(uploaded, downloaded)``, each ``[K, C]``."""
-        bits = np.asarray(averaged, np.int64) * BITS_PER_FLOAT * self.dim * self.num_clients
-        return bits, bits
-
-    def server_traffic(
-        self, active: np.ndarray, upload_bits: float, broadcasts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Bits of a server's iterations (QLSD): ``active`` (``[K, C]``) clients each upload a message of
-        ``upload_bits`` and download the server's ``d`` floats; ``broadcasts`` (``[K, C]``) times the server
-        sends them to every client. ``(uploaded, downloaded, rounds)``, a round being an iteration with an
-        active client."""
-        uploaded = active * upload_bits
-        downloaded = active * BITS_PER_FLOAT * self.dim
-        if broadcasts is not None:
-            downloaded = downloaded + broadcasts * BITS_PER_FLOAT * self.dim * self.num_clients
-        return uploaded, downloaded, active > 0
-
-    def exchange_traffic(self, graph, iterations: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Bits of ``iterations`` (``[K, C]``) of neighbour exchanges over ``graph`` (D-ULA): ``d`` floats
-        along every directed edge (:meth:`~pyro_fed.network.graphs.Graph.exchange_bits`), counted as
-        uploaded and as downloaded. ``(uploaded, downloaded, rounds)``: every iteration is a round, unless
-        the graph has no edges (one agent)."""
-        bits = np.ones_like(iterations) * graph.exchange_bits(self.dim)
-        return bits, bits, bits > 0
-
     def record_averages(self, count: int, *, shared: bool = False) -> None:
         """Count ``count`` averages of ``d`` floats made outside the iterations (set-up work: a mode search,
-        curvatures, a first refresh); they are not rounds of the iterates. Work done for each chain (its
-        first refresh) is counted on every chain; ``shared`` work, done once for all of them (the warm-up's
-        adaptation, a mode search), on the first chain only, so that the chains' counts add up to what the
-        run sent."""
+        curvatures, a first refresh): every client uploads ``d`` floats and downloads ``d``; they are not
+        rounds of the iterates. Work done for each chain (its first refresh) is counted on every chain;
+        ``shared`` work, done once for all of them (the warm-up's adaptation, a mode search), on the first
+        chain only, so that the chains' counts add up to what the run sent."""
         chains = len(self.uploaded_bits)
-        counts = np.zeros((1, chains), dtype=np.int64)
-        counts[0, : 1 if shared else chains] = count
-        self.record(*self.averages_traffic(counts), np.zeros((1, chains), dtype=bool))
+        bits = np.zeros((1, chains), dtype=np.int64)
+        bits[0, : 1 if shared else chains] = count * BITS_PER_FLOAT * self.dim * self.num_clients
+        self.record(bits, bits, np.zeros((1, chains), dtype=bool))
 
     def record(
         self, uploaded: np.ndarray, downloaded: np.ndarray, rounds: np.ndarray

@@ -33,7 +33,7 @@ def test_fald_run_by_its_contract_has_its_exact_stationary_law():
     clients = heterogeneous_gaussian_clients(4, 2, mean_scale=1.0, seed=3)
     step, comm_prob, chains, iterations, burn_in = 0.05, 0.5, 8, 20000, 500
     network = InProcessNetwork().attach(clients.num_clients, clients.dim, chains)
-    sizes = {"num_chains": chains, "num_clients": clients.num_clients, "dim": clients.dim}
+    sizes = {"num_chains": chains, "dim": clients.dim}
     where = {"dtype": torch.float64, "device": torch.device("cpu")}
     algorithm = fald.Fald(network=network, comm_prob=comm_prob, noise_corr=1.0, **sizes, **where)
     start = clients.posterior()[0].expand(chains, -1)

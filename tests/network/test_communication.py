@@ -1,6 +1,7 @@
 import numpy as np
 import torch
 
+from pyro_fed.algorithms import traffic
 from pyro_fed.network.in_process import InProcessNetwork
 
 
@@ -22,33 +23,25 @@ def test_bits_counted_from_host_coins():
     network = InProcessNetwork(num_clients=4, dim=3, num_chains=2)
     averaged = np.array([[1, 0], [0, 0], [3, 1]])  # averages per iteration (rows) and chain (columns)
     rounds = np.array([[True, False], [False, False], [True, True]])
-    bits, downloaded, cumulative_rounds = network.record(*network.averages_traffic(averaged), rounds)
+    bits, downloaded, cumulative_rounds = network.record(*traffic.averages(averaged, 4, 3), rounds)
     per_average = 4 * 3 * 32  # 4 clients upload d = 3 floats of 32 bits, and download the average
     assert bits.tolist() == [[per_average, 0], [per_average, 0], [4 * per_average, per_average]]
     assert downloaded.tolist() == bits.tolist()
     assert cumulative_rounds.tolist() == [[1, 0], [1, 0], [2, 1]]
     assert network.uploaded_bits.tolist() == [4 * per_average, per_average]
     assert network.downloaded_bits.tolist() == [4 * per_average, per_average]
-    bits, _, _ = network.record(
-        *network.averages_traffic(averaged[:1]), rounds[:1]
-    )  # cumulative across chunks
+    bits, _, _ = network.record(*traffic.averages(averaged[:1], 4, 3), rounds[:1])  # cumulative across chunks
     assert bits.tolist() == [[5 * per_average, per_average]]
     # any per-iteration traffic (e.g. quantised messages of fractional cost): rounded to whole bits
     bits, downloaded, _ = network.record(np.array([[10.4, 0.6]]), np.array([[1, 2]]), np.zeros((1, 2), bool))
     assert bits.tolist() == [[5 * per_average + 10, per_average + 1]]
 
 
-def test_server_and_exchange_traffic_are_counted_by_the_network():
-    from pyro_fed.network.graphs import make_graph
-
-    network = InProcessNetwork(num_clients=4, dim=3, num_chains=2)
+def test_a_servers_traffic():
     active = np.array([[2, 0], [4, 1]])  # active clients per iteration (rows) and chain (columns)
     snapshot = np.array([[0, 1], [0, 0]])
-    uploaded, downloaded, rounds = network.server_traffic(active, 50.0, snapshot)
+    uploaded, downloaded, rounds = traffic.server(active, 50.0, 4, 3, snapshot)
     assert uploaded.tolist() == [[100.0, 0.0], [200.0, 50.0]]  # each active client's message
     # each active client downloads theta (3 floats); a snapshot sends theta to all 4
     assert downloaded.tolist() == [[2 * 96, 4 * 96], [4 * 96, 96]]
     assert rounds.tolist() == [[True, False], [True, True]]
-    ring = make_graph("ring", 4)  # 8 directed edges
-    uploaded, downloaded, rounds = network.exchange_traffic(ring, np.zeros((3, 2), dtype=np.int64))
-    assert (uploaded == 8 * 96).all() and (downloaded == uploaded).all() and rounds.all()
