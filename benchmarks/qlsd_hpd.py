@@ -83,6 +83,14 @@ from pyro_fed.output.metrics import draw_potentials, hpd_level, relative_hpd_err
 
 ALPHA = 0.05
 WARMUP = 500
+#: the baselines with bit accounting: (row name, kernel maker)
+BASELINES = (
+    ("pSGLD", lambda model, clients, kw: pyro_fed.PsgldKernel(model, clients, **kw)),
+    ("FSGLD K=1", lambda model, clients, kw: pyro_fed.FsgldKernel(model, clients, **kw)),
+    ("FSGLD K=10", lambda model, clients, kw: pyro_fed.FsgldKernel(model, clients, local_steps=10, **kw)),
+    ("DG-LMC", lambda model, clients, kw: pyro_fed.DglmcKernel(model, clients, **kw)),
+    ("SVRG-LD (pooled)", lambda model, clients, kw: pyro_fed.SvrgLdKernel(model, **kw)),
+)
 
 
 def digits_model(x, y):
@@ -103,8 +111,8 @@ def digits():
 # per data set: title, data, model, whitened reference, chains started at reference draws, kernel options,
 # and the full and quick sizes (chains, draws per run, reference draws)
 DATASETS = {
-    "titanic": ("Titanic, d = 4", pyro_fed.datasets.titanic, logistic_regression, False, False, {},
-                (4, 5000, 5000), (2, 500, 500)),
+    "titanic": ("Titanic, d = 4", pyro_fed.datasets.titanic, logistic_regression, False, False,
+                dict(thinning=2), (4, 5000, 5000), (2, 500, 500)),
     "digits": ("digits, d = 650", digits, digits_model, True, True, dict(thinning=4, gradient_mode="traced"),
                (8, 1000, 2000), (2, 100, 300)),
 }  # fmt: skip
@@ -156,6 +164,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--dataset", choices=sorted(DATASETS), default="titanic")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-baselines", action="store_true", help="QLSD++ and LSD++ only")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     title, data, model, whiten, start_at_reference, options, full, quick = DATASETS[args.dataset]
@@ -174,6 +183,41 @@ def main(argv=None) -> None:
         initial = {k: v[torch.linspace(0, ref_samples - 1, chains).long()] for k, v in reference.items()}
     rows = []
     potential = None
+
+    def run(sampler, participation, kernel, run_start):
+        nonlocal potential
+        mcmc = MCMC(
+            kernel,
+            num_samples=samples,
+            warmup_steps=WARMUP // thinning,
+            num_chains=chains,
+            initial_params=initial,
+            disable_progbar=True,
+        )
+        mcmc.run(x, y)
+        potential = kernel.potential
+        diagnostics = mcmc.diagnostics()
+        every = kernel.current_thinning  # the given thinning: warm-up and draws are `every` iterations each
+        iterations = (WARMUP // thinning + samples) * every
+        bits = np.mean(list(diagnostics["uploaded bits"].values())) / iterations
+        # the sample statistic is cumulative: its growth over the draws
+        stats = diagnostics["sample_stats"].values()
+        sampling = np.mean([s["uploaded_bits"][-1] - s["uploaded_bits"][0] for s in stats])
+        rows.append(
+            {
+                "sampler": sampler,
+                "participation": participation,
+                **hpd(potential, mcmc.get_samples(), chains),
+                "step_size": kernel.current_step_size,
+                "thinning": every,
+                "iterations_per_chain": iterations,
+                "bits_per_iteration": float(bits),
+                "sampling_bits_per_iteration": float(sampling / ((samples - 1) * every)),
+                "seconds": time.perf_counter() - run_start,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+
     for participation in (1.0, 0.5):
         for levels in (2**4, 2**8, 2**16, None):
             pyro.set_rng_seed(1)
@@ -188,34 +232,16 @@ def main(argv=None) -> None:
                 batch_size=0.1,
                 **options,
             )
-            mcmc = MCMC(
-                kernel,
-                num_samples=samples,
-                warmup_steps=WARMUP // thinning,
-                num_chains=chains,
-                initial_params=initial,
-                disable_progbar=True,
-            )
-            mcmc.run(x, y)
-            potential = kernel.potential
-            diagnostics = mcmc.diagnostics()
-            iterations = (WARMUP // thinning + samples) * thinning
-            bits = np.mean(list(diagnostics["uploaded bits"].values())) / iterations
-            # the sample statistic is cumulative: its growth over the draws
-            stats = diagnostics["sample_stats"].values()
-            sampling = np.mean([s["uploaded_bits"][-1] - s["uploaded_bits"][0] for s in stats])
-            rows.append(
-                {
-                    "sampler": "LSD++" if levels is None else f"QLSD++ s=2^{int(np.log2(levels))}",
-                    "participation": participation,
-                    **hpd(potential, mcmc.get_samples(), chains),
-                    "step_size": kernel.current_step_size,
-                    "bits_per_iteration": float(bits),
-                    "sampling_bits_per_iteration": float(sampling / ((samples - 1) * thinning)),
-                    "seconds": time.perf_counter() - run_start,
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+            name = "LSD++" if levels is None else f"QLSD++ s=2^{int(np.log2(levels))}"
+            run(name, participation, kernel, run_start)
+    if not args.no_baselines:
+        # the baselines at their defaults but the minibatch (a tenth of each client's data, as QLSD's) and
+        # the thinning (the QLSD runs': the same iterations); every client present
+        common = {**options, "batch_size": 0.1}
+        for name, make in BASELINES:
+            pyro.set_rng_seed(1)
+            run_start = time.perf_counter()
+            run(name, 1.0, make(model, clients, common), run_start)
     ref = {**hpd(potential, reference, 1), "seconds": ref_seconds}
     for row in rows:
         row["relative_hpd_error"] = relative_hpd_error(row["eta"], ref["eta"])
@@ -230,6 +256,8 @@ def main(argv=None) -> None:
     )
     if start_at_reference:
         runs += ", started at reference draws"
+    if not args.no_baselines:
+        runs += " (the baselines too, every client present)"
     write(rows, ref, ref_text, time.perf_counter() - start, args, title, runs)
 
 
@@ -246,7 +274,7 @@ def write(rows, ref, ref_text, seconds, args, title, runs) -> None:
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     options = (f" --dataset {args.dataset}" if dataset else "") + (" --quick" if args.quick else "")
     lines = [
-        f"# Relative HPD error of QLSD++ against LSD++ ({title}, 10 Dirichlet clients)",
+        f"# Relative HPD error of QLSD++ against LSD++, and the baselines ({title}, 10 Dirichlet clients)",
         "",
         f"Written by `benchmarks/qlsd_hpd.py{options}` (see its docstring) in {seconds / 60:.1f} min: "
         f"{runs} per run; reference eta_0.05 = {ref['eta']:.3f} "
@@ -258,8 +286,9 @@ def write(rows, ref, ref_text, seconds, args, title, runs) -> None:
         "whole run, set-up included, / all iterations; sampling: over the sampling iterations only.",
         "",
         "| sampler | participation | eta_0.05 | relative HPD error | Δ LSD++ (s.e.) | bits / iteration "
-        "| relative bit efficiency | sampling bits / iteration | sampling efficiency | step | time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| relative bit efficiency | sampling bits / iteration | sampling efficiency | step | thinning "
+        "| time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -268,7 +297,7 @@ def write(rows, ref, ref_text, seconds, args, title, runs) -> None:
             f"{'—' if r['sampler'] == 'LSD++' else format(r['eta_minus_lsd_in_se'], '+.1f')} | "
             f"{r['bits_per_iteration']:.0f} | {r['bit_efficiency']:.2f} | "
             f"{r['sampling_bits_per_iteration']:.0f} | {r['sampling_bit_efficiency']:.2f} | "
-            f"{r['step_size']:.3g} | {r['seconds']:.0f} |"
+            f"{r['step_size']:.3g} | {r.get('thinning', 1)} | {r['seconds']:.0f} |"
         )
     text = "\n".join(lines) + "\n"
     (args.out / f"{stem}.md").write_text(text)
