@@ -71,6 +71,10 @@ class ChunkRunner:
         #: iterations computed so far
         self.computed = 0
         self._engine: ChunkEngine | None = None
+        if algorithm.selects_clients and minibatches is None:
+            # the working clients' whole data, padded, built here: built while the iteration is traced, its
+            # sizes (read on the host) would stop the tracing
+            potential.full_batches  # noqa: B018
         # the names of the iterations' summaries, in the order of their outputs
         self._summary_names = tuple(algorithm.summary(algorithm.state_type(*state)))
 
