@@ -1,15 +1,26 @@
 """Every kernel with its clients split over the ranks of a real gloo group on localhost gives, on every rank,
 the draws of the one-process run on all the data with the same seed and the same global assignment."""
 
+import json
 import os
 import time
+from pathlib import Path
 
 import pyro
 import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel, to_inference_data
+from pyro_fed import (
+    DglmcKernel,
+    DulaKernel,
+    FaldKernel,
+    FsgldKernel,
+    PsgldKernel,
+    QlsdKernel,
+    VrFaldKernel,
+    to_inference_data,
+)
 from pyro_fed.kernels.chunks import ChunkRunner
 from pyro_fed.kernels.dula import CONSENSUS_MEAN_TARGET
 from pyro_fed.network.distributed import CENSUS_SECONDS, shard
@@ -18,6 +29,25 @@ from tests.models import logistic_data, logistic_model
 from tests.network.forked import run_forked
 
 NUM_DATA, NUM_CLIENTS = 60, 6
+TUTORIAL = Path(__file__).resolve().parents[2] / "tutorials" / "own_kernel.ipynb"
+
+
+def tutorial_classes() -> dict:
+    """The own-kernel tutorial's code cells that define its algorithms and kernels (and their imports), run
+    as they are: what a reader copies must hold under several processes too."""
+    namespace = {}
+    for cell in json.loads(TUTORIAL.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if (
+            cell["cell_type"] == "code"
+            and ("import" in source or "class " in source)
+            and "MCMC(" not in source
+        ):
+            exec(compile(source, str(TUTORIAL), "exec"), namespace)
+    return namespace
+
+
+OWN = tutorial_classes()
 KERNELS = {
     "FALD": lambda c, **kw: FaldKernel(
         logistic_model, c, comm_prob=0.5, noise_corr=0.5, batch_size=4, step_size=0.01, **kw
@@ -34,6 +64,20 @@ KERNELS = {
     "D-ULA ring": lambda c, **kw: DulaKernel(logistic_model, c, step_size=0.002, **kw),
     "D-ULA graph": lambda c, **kw: DulaKernel(
         logistic_model, c, graph="erdos_renyi", schedule="decaying", step_size=0.002, **kw
+    ),
+    # the oracle evaluates the active clients alone, of their whole data
+    "LSD participation 0.3": lambda c, **kw: QlsdKernel(
+        logistic_model, c, participation=0.3, step_size=0.002, **kw
+    ),
+    # the papers' baselines
+    "pSGLD": lambda c, **kw: PsgldKernel(logistic_model, c, batch_size=4, step_size=0.002, **kw),
+    "FSGLD": lambda c, **kw: FsgldKernel(
+        logistic_model, c, local_steps=2, batch_size=4, step_size=0.002, **kw
+    ),
+    "DG-LMC": lambda c, **kw: DglmcKernel(logistic_model, c, tolerance=0.05, step_size=0.002, **kw),
+    # the own-kernel tutorial's, as a reader writes it
+    "tutorial's partial participation": lambda c, **kw: OWN["PartialServerLangevinKernel"](
+        logistic_model, c, participation=0.5, step_size=0.002, **kw
     ),
     # everything automatic: the warm-up's mode search, curvatures, minibatch, pilot and thinning
     "FALD automatic": lambda c, **kw: FaldKernel(logistic_model, c, **kw),
