@@ -8,12 +8,12 @@ the other clients only through its :class:`~pyro_fed.network.base.Network`:
 - the **per-chunk inputs**: the host coins of a chunk (:meth:`~Algorithm.coins`: communication,
   participation, refreshes) and the device randomness its iterations read (:meth:`~Algorithm.inputs`:
   noise, compressor uniforms), drawn ahead so that an iteration is a fixed sequence of tensor operations;
-- the **step** (:meth:`~Algorithm.step`), one iteration given the clients' gradient estimates, and the
-  **reported position** (:meth:`~Algorithm.position`), the draw;
+- the **step** (:meth:`~Algorithm.step`), one iteration given the clients' gradient estimates;
+- the **draw** and its statistics, by one route: what each iteration keeps of its state, computed where its
+  clients are held (:meth:`~Algorithm.summary`), which a chunk turns into its draws (``"position"``) and
+  per-draw statistics at its end, with one meeting (:meth:`~Algorithm.report`);
 - what **meets** the other clients, and when: the iterations whose step meets them
-  (:meth:`~Algorithm.meeting_iterations`; the others run :meth:`~Algorithm.local_step`), and the draws'
-  bookkeeping, which each iteration computes where its clients are held (:meth:`~Algorithm.summary`) and a
-  chunk combines at its end with one meeting (:meth:`~Algorithm.report`);
+  (:meth:`~Algorithm.meeting_iterations`; the others run :meth:`~Algorithm.local_step`);
 - which clients **work** in an iteration (:meth:`~Algorithm.working_clients`): the gradient oracle evaluates
   only those (QLSD's active clients), all of them by default;
 - its **per-iteration traffic** (:meth:`~Algorithm.traffic`), the bits each iteration sent, counted on the
@@ -150,26 +150,19 @@ class Algorithm:
         its coins keep every client to itself, computed without the network (:meth:`step` by default)."""
         return self.step(state, gradients, inputs, step_size)
 
-    def position(self, state) -> torch.Tensor:
-        """The global iterate of each chain, reported as its draw, ``[C, d]``."""
-        raise NotImplementedError
-
     def points(self, state) -> torch.Tensor:
         """``[C, m, d]``: the points held here at which the next step evaluates gradients (the held clients'
         iterates, or the server's), read without meeting: a run reverts a step that moved one of them out of
         its bounds before the model is evaluated there. None by default (``m = 0``)."""
         return torch.zeros(self.num_chains, 0, self.dim, dtype=self.dtype, device=self.device)
 
-    def statistics(self, state) -> dict[str, torch.Tensor]:
-        """Per-draw values of the state (``{name: [C, ...]}``; none by default)."""
-        return {}
-
     def summary(self, state) -> dict[str, torch.Tensor]:
-        """What an iteration keeps of its state for its draw and statistics (``{name: [C, ...]}``), computed
-        where the clients are held, without meeting: :meth:`report` turns a whole chunk's summaries into its
-        draws with one meeting. By default the draw (``"position"``) and the :meth:`statistics` themselves,
-        which then meet at every iteration if they reduce over the clients."""
-        return {"position": self.position(state), **self.statistics(state)}
+        """What an iteration keeps of its state for its draw and per-draw statistics (``{name: [C, ...]}``),
+        computed where the clients are held, without meeting: :meth:`report` turns a whole chunk's summaries
+        into its draws with one meeting. A server's iterate is the draw itself (``{"position":
+        state.server}``, ``[C, d]``, reported as it is); the clients' average is kept as the held clients'
+        moments, combined at the chunk's end (FALD)."""
+        raise NotImplementedError
 
     def report(self, summaries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The draws (``"position"``, ``[K, C, d]``) and statistics (``{name: [K, C, ...]}``) of a chunk's

@@ -273,8 +273,8 @@ class Dglmc(Algorithm):
     def points(self, state):
         return state.clients
 
-    def position(self, state):
-        return state.server
+    def summary(self, state):
+        return {"position": state.server}
 
     def traffic(self, coins):
         # every client uploads z_i and downloads theta: d floats each way

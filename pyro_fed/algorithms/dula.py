@@ -274,15 +274,6 @@ class Dula(Algorithm):
     def points(self, state):
         return state.clients
 
-    def position(self, state):
-        return position(state, self.network)
-
-    def statistics(self, state):
-        stats = {"consensus_error": self.network.dispersion(state.clients)}
-        if self.record_agents:
-            stats["agents"] = state.clients
-        return stats
-
     def summary(self, state):
         held = {"moments": self.network.moments(state.clients)}
         if self.record_agents:

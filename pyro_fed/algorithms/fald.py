@@ -166,12 +166,6 @@ class Fald(Algorithm):
     def points(self, state):
         return state.clients
 
-    def position(self, state):
-        return position(state, self.network)
-
-    def statistics(self, state):
-        return {"dispersion": self.network.dispersion(state.clients)}
-
     def summary(self, state):
         return {"moments": self.network.moments(state.clients)}
 

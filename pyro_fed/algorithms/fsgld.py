@@ -384,11 +384,8 @@ class Fsgld(Algorithm):
     def points(self, state):
         return state.server.unsqueeze(-2)
 
-    def position(self, state):
-        return state.server
-
-    def statistics(self, state):
-        return {"client": state.client[:, 0]}
+    def summary(self, state):
+        return {"position": state.server, "client": state.client[:, 0]}
 
     def traffic(self, coins):
         """A round's first iteration downloads :math:`x` to its client (``32 d`` bits), its last uploads it

@@ -183,8 +183,8 @@ class Psgld(Algorithm):
     def points(self, state):
         return state.server.unsqueeze(-2)
 
-    def position(self, state):
-        return position(state, self.network)
+    def summary(self, state):
+        return {"position": position(state, self.network)}
 
     def traffic(self, coins):
         # each client uploads its d-float gradient and downloads the new x

@@ -371,8 +371,8 @@ class Qlsd(Algorithm):
     def points(self, state):
         return state.server.unsqueeze(-2)
 
-    def position(self, state):
-        return position(state, self.network)
+    def summary(self, state):
+        return {"position": position(state, self.network)}
 
     def traffic(self, coins):
         # a snapshot sends theta to every client

@@ -759,7 +759,7 @@ class FederatedKernel(MCMCKernel):
         """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
         ``diverging`` (a step was reverted), ``uploaded_bits`` and ``downloaded_bits`` (cumulative, summed
         over clients, from the start of warm-up; the adaptation, done once for all chains, on chain 0's), the
-        algorithm's :meth:`~pyro_fed.algorithms.base.Algorithm.statistics`
+        algorithm's per-draw statistics (:meth:`~pyro_fed.algorithms.base.Algorithm.report`)
         (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
         VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
         say whether it happened in the draw's iterations, the counts are summed over them."""

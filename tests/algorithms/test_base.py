@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
-from pyro_fed.algorithms import dula, fald, qlsd, vr_fald
+from pyro_fed.algorithms import dglmc, dula, fald, fsgld, psgld, qlsd, vr_fald
 from pyro_fed.algorithms.base import Algorithm
 from pyro_fed.engine.randomness import Randomness
 from pyro_fed.network.base import BITS_PER_FLOAT
@@ -22,7 +22,8 @@ def run_by_contract(algorithm: Algorithm, start: torch.Tensor, gradients, step_s
         inputs = algorithm.inputs(rng, coins)
         for k in range(100):
             state = algorithm.step(state, gradients, tuple(t[k] for t in inputs), step_size)
-            draws.append(algorithm.position(state))
+            summary = {name: value[None] for name, value in algorithm.summary(state).items()}
+            draws.append(algorithm.report(summary)["position"][0])
         traffic.append(algorithm.traffic(coins))
     return torch.stack(draws), traffic
 
@@ -70,8 +71,9 @@ def test_every_kernel_runs_an_algorithm_of_its_module(kernel, expected):
 
 
 def test_the_algorithms_keep_one_contract():
-    members = ("init", "coins", "inputs", "step", "position", "traffic")
-    for algorithm in (fald.Fald, vr_fald.VrFald, qlsd.Qlsd, dula.Dula):
+    members = ("init", "coins", "inputs", "step", "summary", "traffic")
+    every = (fald.Fald, vr_fald.VrFald, qlsd.Qlsd, dula.Dula, psgld.Psgld, fsgld.Fsgld, dglmc.Dglmc)
+    for algorithm in every:
         assert issubclass(algorithm, Algorithm)
         for name in members:  # each implements them, or inherits FALD's
             assert getattr(algorithm, name) is not getattr(Algorithm, name), (algorithm, name)
