@@ -17,7 +17,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms import adaptation, convergence
 from ..algorithms.base import Algorithm
-from ..algorithms.mode import MODE_WARNING
+from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
 from ..data.partition import check_clients
 from ..engine.compile import check_mode
@@ -585,6 +585,26 @@ class FederatedKernel(MCMCKernel):
         with control variates measure the error of their own estimate instead; a server's estimate is one
         "client" (``b = 1``)."""
         return minibatch_gradients(points)
+
+    def _mode(self, what: str, cost: str, remedy: str) -> torch.Tensor:
+        """The potential's mode, for a sampler's own use of it (QLSD⋆'s fixed point, FSGLD's surrogates): the
+        warm-up's, or, with a given step (no warm-up), one found by L-BFGS from the initial point, its
+        rounds counted; a warning names ``what`` it is for, its ``cost`` and the ``remedy`` where the search
+        stops short."""
+        if self.adaptation is not None:
+            return self.adaptation.mode
+        pot = self.potential
+        search = warmup.find_mode(pot, pot.initial_flat)
+        self.network.record_averages(search.evaluations, shared=True)
+        if not search.converged:
+            warnings.warn(
+                f"{what}: the search for the mode stopped after {search.evaluations} evaluations with a "
+                f"Newton decrement of {search.decrement:.3g} (by its own estimate of the Hessian; it stops "
+                f"at {MODE_TOLERANCE}): {cost}. {remedy}, or leave step_size automatic (the warm-up checks "
+                "the mode with the Hessian).",
+                stacklevel=5,
+            )
+        return search.point
 
     def _starts_from_laplace(self) -> bool:
         """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from ..algorithms import adaptation, fsgld
-from ..algorithms.mode import MODE_TOLERANCE
-from . import warmup
 from .arguments import check_positive_int
 from .base import FederatedKernel
 
@@ -126,7 +123,12 @@ class FsgldKernel(FederatedKernel):
         if self.surrogates is not None:
             return self._given_surrogates()
         if point is None:
-            point = self._mode()
+            # the point the surrogates are fitted at: the warm-up's mode, or one found by L-BFGS
+            point = self._mode(
+                "FSGLD's surrogates",
+                "the surrogates are expanded there, which keeps the conducive gradient unbiased but noisier",
+                "Give surrogates",
+            )
         fitted = self._fitted
         if fitted is not None and fitted[0] is pot and torch.equal(fitted[1], point):
             return fitted[2]
@@ -151,24 +153,6 @@ class FsgldKernel(FederatedKernel):
             )
         held = pot.network.held(b)
         return fsgld.surrogates_from_moments(means[held], precisions[held], pot.network)
-
-    def _mode(self) -> torch.Tensor:
-        """The point the surrogates are fitted at: the warm-up's mode, or one found by L-BFGS."""
-        pot = self.potential
-        if self.adaptation is not None:
-            return self.adaptation.mode
-        search = warmup.find_mode(pot, pot.initial_flat)
-        pot.network.record_averages(search.evaluations, shared=True)
-        if not search.converged:
-            warnings.warn(
-                f"FSGLD's surrogates: the search for the mode stopped after {search.evaluations} evaluations "
-                f"with a Newton decrement of {search.decrement:.3g} (it stops at {MODE_TOLERANCE}): the "
-                "surrogates are expanded there, which keeps the conducive gradient unbiased but noisier. "
-                "Give surrogates, or leave step_size automatic (the warm-up checks the mode with the "
-                "Hessian).",
-                stacklevel=4,
-            )
-        return search.point
 
     def make_algorithm(self, **common) -> fsgld.Fsgld:
         surrogates = self.client_surrogates()

@@ -8,9 +8,7 @@ import warnings
 import torch
 
 from ..algorithms import adaptation, qlsd
-from ..algorithms.mode import MODE_TOLERANCE
 from ..network.compression import compressor
-from . import warmup
 from .arguments import check_positive_int, check_probability
 from .base import FederatedKernel
 
@@ -169,20 +167,9 @@ class QlsdKernel(FederatedKernel):
                     "unconstrained coordinates: give the flat unconstrained mode (or leave it None)."
                 )
             return self.fixed_point
-        if self.adaptation is not None:
-            return self.adaptation.mode
-        search = warmup.find_mode(pot, pot.initial_flat)
-        self.network.record_averages(search.evaluations, shared=True)
-        if not search.converged:
-            warnings.warn(
-                f"QLSD⋆'s fixed point: the search for the mode stopped after {search.evaluations} "
-                f"evaluations with a Newton decrement of {search.decrement:.3g} (by its own estimate of the "
-                f"Hessian; it stops at {MODE_TOLERANCE}): QLSD⋆'s drift is off by the gradient left there. "
-                "Give fixed_point, or leave step_size automatic (the warm-up checks the mode with the "
-                "Hessian).",
-                stacklevel=4,
-            )
-        return search.point
+        return self._mode(
+            "QLSD⋆'s fixed point", "QLSD⋆'s drift is off by the gradient left there", "Give fixed_point"
+        )
 
     def random_at_full_batch(self) -> bool:
         return self.compressor.random or self.participation < 1
