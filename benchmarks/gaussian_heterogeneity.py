@@ -138,8 +138,11 @@ single-threaded worker processes (``--workers``; ``--no-baselines`` for FALD and
 
 Run from the repository root::
 
-    python benchmarks/gaussian_heterogeneity.py           # default run (~4 min on 2 idle cores)
-    python benchmarks/gaussian_heterogeneity.py --quick   # smoke run (seconds)
+    python benchmarks/gaussian_heterogeneity.py           # default run (~13 min of one core; 32 min recorded)
+    python benchmarks/gaussian_heterogeneity.py --quick   # smoke run (under 2 minutes)
+
+The recorded run used one worker process and one thread on 2 CPU cores shared with other jobs: 1912 s of
+wall time, about 13 minutes of CPU (FALD and VR-FALD⋆ about half of it).
 
 Results: ``benchmarks/results/gaussian_heterogeneity.{md,json,png}`` (``gaussian_heterogeneity_quick.*``
 with ``--quick``).
