@@ -158,8 +158,9 @@ class Algorithm:
 
     def summary(self, state) -> dict[str, torch.Tensor]:
         """What an iteration keeps of its state for its draw and per-draw statistics (``{name: [C, ...]}``),
-        computed where the clients are held, without meeting: :meth:`report` turns a whole chunk's summaries
-        into its draws with one meeting. A server's iterate is the draw itself (``{"position":
+        computed where the clients are held, without meeting:
+        :meth:`~pyro_fed.algorithms.base.Algorithm.report` turns a chunk's summaries into its draws with one
+        meeting. A server's iterate is the draw itself (``{"position":
         state.server}``, ``[C, d]``, reported as it is); the clients' average is kept as the held clients'
         moments, combined at the chunk's end (FALD)."""
         raise NotImplementedError

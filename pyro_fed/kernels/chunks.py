@@ -71,6 +71,8 @@ class ChunkRunner:
         #: iterations computed so far
         self.computed = 0
         self._engine: ChunkEngine | None = None
+        # the widths of the working clients' rows prepared so far (see working_rows)
+        self._widths: set[int] = set()
         if algorithm.selects_clients and minibatches is None:
             # the working clients' whole data, padded, built here: built while the iteration is traced, its
             # sizes (read on the host) would stop the tracing
@@ -176,7 +178,8 @@ class ChunkRunner:
         if algorithm.selects_clients:
             working = algorithm.working_clients(coins, algorithm.state_type(*self.state))
             holdings = self.network.holdings(working.shape[-1])
-            rows = working_rows(working, holdings, self.network.held(working.shape[-1]))
+            rows = working_rows(working, holdings, self.network.held(working.shape[-1]), self._widths)
+            self._widths.add(rows.shape[1])
             inputs = (torch.as_tensor(rows, device=self.state[0].device), *inputs)
         if self.minibatches is None:
             return inputs
@@ -243,7 +246,9 @@ class ChunkRunner:
         return state, valid, report, event_seconds
 
 
-def working_rows(working: np.ndarray, holdings: list[slice], held: slice) -> np.ndarray:
+def working_rows(
+    working: np.ndarray, holdings: list[slice], held: slice, prepared: set[int] = frozenset()
+) -> np.ndarray:
     """``[K, R]``: the working (chain, client) pairs held here of each of a chunk's iterations, as indices
     ``c b_h + i`` of the held clients' flattened ``[C b_h]`` pairs, padded with ``C b_h`` (none); from
     ``working`` ``[K, C, b]``, every client of the run
@@ -251,11 +256,14 @@ def working_rows(working: np.ndarray, holdings: list[slice], held: slice) -> np.
     (``holdings``, each holder's clients): its largest count of pairs in an iteration, rounded up to a quarter
     of its power of two, so that a run prepares few shapes (a new ``R`` is a new shape of the prepared
     iteration) and evaluates at most 1.25 times the pairs that work (a fixed ``R`` of every pair would
-    evaluate them all)."""
+    evaluate them all); or the narrowest width already ``prepared`` within that bound, which needs no new
+    preparation (the widths, decided from the coins every holder draws, are the same everywhere)."""
     num_iterations, num_chains, _ = working.shape
     largest = max(int(working[:, :, s].sum((1, 2)).max()) for s in holdings)
     step = 2 ** max(0, largest.bit_length() - 3)
     width = min(-(-max(largest, 1) // step) * step, max(num_chains * (s.stop - s.start) for s in holdings))
+    reused = [w for w in prepared if largest <= w <= 1.25 * max(largest, 1)]
+    width = min(reused, default=width)
     mine = working[:, :, held].reshape(num_iterations, -1)
     pairs = mine.shape[1]
     if pairs < width:  # a holder of fewer clients than the widest: padded to the shared width
