@@ -101,8 +101,8 @@ class DglmcKernel(FederatedKernel):
         >>> mcmc.run(x, y)
         >>> mcmc.get_samples()["w"].shape
         torch.Size([300, 4])
-        >>> kernel.current_tolerance
-        tensor([1., 1., 1., 1., 1., 1., 1., 1., 1., 1.], dtype=torch.float64)
+        >>> kernel.current_tolerance.tolist()  # one per client
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
 
     def __init__(
