@@ -84,7 +84,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..network.base import BITS_PER_FLOAT
+from . import traffic
 from .adaptation import VARIANCE_TARGET
 from .base import Algorithm
 from .langevin import langevin_step
@@ -232,7 +232,7 @@ class Dglmc(Algorithm):
             factors = self.step_factors.to(self.device, self.dtype)
         # the total over all clients, then the held clients' parts
         self._total_precision = float((1.0 / tolerance.double()).sum())
-        held = self.network.held(len(tolerance))
+        held = self.held_clients
         tolerance = tolerance[held]
         self._factors = None if factors is None else factors[held]
         self._inverse_tolerance = 1.0 / tolerance
@@ -277,7 +277,6 @@ class Dglmc(Algorithm):
         return {"position": state.server}
 
     def traffic(self, coins):
-        # every client uploads z_i and downloads theta: d floats each way
+        # every client uploads z_i and downloads theta: d floats each way, an average's traffic
         communicated = coins["communicated"]
-        bits = communicated * (BITS_PER_FLOAT * self.dim * self.network.num_clients)
-        return bits, bits, communicated
+        return (*traffic.averages(communicated, self.num_clients, self.dim), communicated)

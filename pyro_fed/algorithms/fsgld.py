@@ -329,9 +329,8 @@ class Fsgld(Algorithm):
     state_type = FsgldState
 
     def __post_init__(self):
-        self._held = self.network.held(self.network.num_clients)
         self._host_probabilities = self.probabilities.double().cpu().numpy()
-        self._inverse = (1.0 / self.probabilities[self._held]).to(self.device, self.dtype)
+        self._inverse = (1.0 / self.probabilities[self.held_clients]).to(self.device, self.dtype)
         self.surrogates = Surrogates(*(t.to(self.device, self.dtype) for t in self.surrogates))
 
     def init(self, positions):
@@ -362,7 +361,7 @@ class Fsgld(Algorithm):
             chosen,
             self.surrogates,
             self._inverse,
-            self._held,
+            self.held_clients,
             self.network,
             step_size=step_size,
         )
