@@ -5,7 +5,7 @@ What is measured
 ----------------
 posteriordb (``stan-dev/posteriordb``, BSD 3-Clause) holds Stan programs, their data and reference draws
 (10 chains of 1,000 draws of Stan's NUTS, thinned by 10 from 10,000 each). ``benchmarks/posteriordb/``
-ships, for 21 of its posteriors whose likelihood is a sum over data points, the data fields the programs
+ships, for 22 of its posteriors whose likelihood is a sum over data points, the data fields the programs
 read and the reference's mean, sd and effective sample size per parameter, with the Stan programs and the
 licence (``benchmarks/posteriordb/README.md``); ``benchmarks/posteriordb/models.py`` writes each program in
 Pyro as it is written in Stan: a parameter without a prior statement keeps Stan's flat prior
@@ -14,10 +14,11 @@ Pyro as it is written in Stan: a parameter without a prior statement keeps Stan'
 
 Each posterior is sampled, in one run, by
 
-- every kernel at its defaults on an i.i.d. split into 10 clients, ``Kernel(model, 10)``: FALD, VR-FALD⋆,
-  QLSD (``QlsdKernel(model, 10)``: its defaults are no quantisation and no control variate, LSD in the
-  paper's terms), D-ULA (its default ring); with ``--kernels``, also QLSD++ (``control_variate="svrg"``)
-  and SGLD (``SgldKernel(model)``, one client, the pooled data);
+- every kernel at its defaults on an i.i.d. split into 10 clients, ``Kernel(model, 10)`` (fewer where the
+  data set has fewer than 20 points, so that each client holds at least two: eight schools' 8 schools on 4
+  clients): FALD, VR-FALD⋆, QLSD (``QlsdKernel(model, 10)``: its defaults are no quantisation and no
+  control variate, LSD in the paper's terms), QLSD++ (``control_variate="svrg"``), D-ULA (its default
+  ring); with ``--kernels``, also SGLD (``SgldKernel(model)``, one client, the pooled data);
 - Pyro's ``NUTS`` on the pooled data, with a dense mass matrix (``full_mass=True``: the kernels' default
   preconditioner is dense where correlations would slow them more than 4×, so a diagonal NUTS would be the
   easier reference; several of these posteriors correlate their intercept and slope beyond 0.99), its
@@ -90,19 +91,20 @@ from models import POSTERIORS, Posterior, stan_site  # noqa: E402 (the shipped m
 MEAN_TARGET, SD_TARGET, RHAT_TARGET = 0.2, 0.15, 1.05
 #: Monte Carlo standard errors added to the mean and sd targets
 MC_ERRORS = 3.0
-#: clients of the i.i.d. split every federated kernel gets
+#: clients of the i.i.d. split every federated kernel gets (fewer where the data has fewer than 2 points
+#: per client: eight schools' 8 schools go to 4 clients, :func:`clients_for`)
 CLIENTS = 10
 #: the two posteriors of ``--quick``: a flat-prior regression and the AR(5)
 QUICK = ("kidiq-kidscore_momhs", "arK-arK")
 
 #: the samplers, each at its defaults (``NUTS`` is run by :func:`run_nuts`)
 KERNELS: dict[str, Callable] = {
-    "FALD": lambda model: pyro_fed.FaldKernel(model, CLIENTS),
-    "VR-FALD*": lambda model: pyro_fed.VrFaldKernel(model, CLIENTS),
-    "QLSD": lambda model: pyro_fed.QlsdKernel(model, CLIENTS),
-    "QLSD++": lambda model: pyro_fed.QlsdKernel(model, CLIENTS, control_variate="svrg"),
-    "D-ULA": lambda model: pyro_fed.DulaKernel(model, CLIENTS),
-    "SGLD": lambda model: pyro_fed.SgldKernel(model),
+    "FALD": lambda model, clients: pyro_fed.FaldKernel(model, clients),
+    "VR-FALD*": lambda model, clients: pyro_fed.VrFaldKernel(model, clients),
+    "QLSD": lambda model, clients: pyro_fed.QlsdKernel(model, clients),
+    "QLSD++": lambda model, clients: pyro_fed.QlsdKernel(model, clients, control_variate="svrg"),
+    "D-ULA": lambda model, clients: pyro_fed.DulaKernel(model, clients),
+    "SGLD": lambda model, clients: pyro_fed.SgldKernel(model),
 }
 SAMPLERS = (*KERNELS, "NUTS")
 #: those of a run without ``--kernels``: the federated kernels (QLSD at its defaults is LSD, uncompressed and
@@ -119,6 +121,12 @@ def load(name: str, dtype: torch.dtype = torch.float32) -> tuple[Posterior, tupl
     data = json.loads((SHIPPED / "data" / f"{posterior.data_name}.json").read_text())
     reference = json.loads((SHIPPED / "reference" / f"{name}.json").read_text())["parameters"]
     return posterior, posterior.tensors(data, dtype), reference
+
+
+def clients_for(num_data: int) -> int:
+    """The clients of a posterior's split: :data:`CLIENTS`, or fewer so that each holds at least two data
+    points."""
+    return max(1, min(CLIENTS, num_data // 2))
 
 
 def interleaved() -> list[str]:
@@ -145,9 +153,12 @@ def init_to_stan_uniform(site: dict | None = None, radius: float = 2.0):
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def draws(mcmc: MCMC, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """``{stan parameter: [chains, draws]}`` from a run's constrained draws."""
+def draws(mcmc: MCMC, names: Sequence[str], posterior: Posterior) -> dict[str, np.ndarray]:
+    """``{stan parameter: [chains, draws]}`` from a run's constrained draws (and the program's transformed
+    parameters computed from them)."""
     samples = mcmc.get_samples(group_by_chain=True)
+    if posterior.transformed is not None:
+        samples = {**samples, **posterior.transformed(samples)}
     out = {}
     for name in names:
         site, index = stan_site(name)
@@ -245,13 +256,14 @@ def run_one(
             warnings.simplefilter("always")
             if sampler == "NUTS":
                 runs, seconds = run_nuts(posterior.model, args, chains, warmup, samples, seed)
-                per_chain = [draws(run, reference) for run in runs]
+                per_chain = [draws(run, reference, posterior) for run in runs]
                 values = {k: np.concatenate([c[k] for c in per_chain], 0) for k in reference}
                 row["divergences"] = sum(
                     len(v) for run in runs for v in run.diagnostics()["divergences"].values()
                 )
             else:
-                kernel = KERNELS[sampler](posterior.model)
+                row["clients"] = clients_for(row["N"])
+                kernel = KERNELS[sampler](posterior.model, row["clients"])
                 mcmc = MCMC(
                     kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True
                 )
@@ -259,7 +271,7 @@ def run_one(
                 start = time.perf_counter()
                 mcmc.run(*args)
                 seconds = time.perf_counter() - start
-                values = draws(mcmc, reference)
+                values = draws(mcmc, reference, posterior)
                 row.update(kernel_choices(kernel, mcmc))
         row.update(compare(values, reference))
         row["seconds"] = seconds
@@ -489,7 +501,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
-    """One table (``stem.md`` / ``.json``) from the results of several runs of the same sizes."""
+    """One table (``stem.md`` / ``.json``) from the results of several runs of the same sizes. A row of a
+    later run replaces that of an earlier one for the same posterior and sampler (a sampler run again after
+    a change: the header lists every run's command)."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     sizes = {
         tuple(part["info"][k] for k in ("chains", "warmup", "samples", "dtype", "seed")) for part in parts
@@ -499,7 +513,8 @@ def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
             f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
         )
     # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
-    rows = [row for part in parts for row in part["rows"]]
+    latest = {(row["posterior"], row["sampler"]): row for part in parts for row in part["rows"]}
+    rows = list(latest.values())
     names = list(dict.fromkeys(row["posterior"] for row in rows))
     rows = add_ratios(sorted(rows, key=lambda r: (names.index(r["posterior"]), SAMPLERS.index(r["sampler"]))))
     info = dict(parts[0]["info"])
@@ -550,7 +565,8 @@ def header(info: dict) -> str:
             written_by(info) + f" {count} of posteriordb "
             f"{info['posteriordb'][:7]}; each sampler {info['chains']} chains × ({info['warmup']} warm-up + "
             f"{info['samples']} draws), {info['dtype']}, one CPU thread; the kernels on an i.i.d. split into "
-            f"{info['clients']} clients, NUTS (dense mass matrix, chains one after the other) on the pooled "
+            f"{info['clients']} clients (fewer for fewer than 20 data points: eight schools on 4), NUTS "
+            "(dense mass matrix, chains one after the other) on the pooled "
             f"data. Passes: every parameter's mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte "
             "Carlo standard errors (MCSE = sd / sqrt(bulk ESS), of the run and of the reference), its sd "
             f"within {SD_TARGET:.0%} + {MC_ERRORS:g} × sqrt(1/(2 ESS) + 1/(2 ESS_ref)), every R-hat ≤ "

@@ -102,6 +102,29 @@ def low_dim_gauss_mix(y: torch.Tensor) -> None:
         pyro.sample("y", mixture, obs=pyro.subsample(y, event_dim=0))
 
 
+def eight_schools_noncentered(y: torch.Tensor, sigma: torch.Tensor) -> None:
+    """Eight schools, non-centred: ``theta_trans ~ normal(0, 1)`` (one per school), ``mu ~ normal(0, 5)``,
+    ``tau ~ cauchy(0, 5)`` on ``<lower=0>``, ``y ~ normal(mu + tau * theta_trans, sigma)`` with the schools'
+    standard errors ``sigma`` as data. Each data point (a school) reads its own ``theta_trans``: a latent
+    effect per point, a global site indexed by the plate (a client holds its schools' effects' likelihood,
+    the prior of every effect is split over the clients as any prior is). Stan's transformed parameter
+    ``theta = theta_trans * tau + mu`` is :func:`eight_schools_theta`."""
+    theta_trans = pyro.sample("theta_trans", dist.Normal(0.0, 1.0).expand([y.shape[0]]).to_event(1))
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    with pyro.plate("data", y.shape[0]) as school:
+        theta = theta_trans[school] * tau + mu
+        pyro.sample(
+            "y", dist.Normal(theta, pyro.subsample(sigma, event_dim=0)), obs=pyro.subsample(y, event_dim=0)
+        )
+
+
+def eight_schools_theta(samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stan's ``transformed parameters`` of eight schools from the draws:
+    ``theta = theta_trans * tau + mu``."""
+    return {"theta": samples["theta_trans"] * samples["tau"][..., None] + samples["mu"][..., None]}
+
+
 def blr(x: torch.Tensor, y: torch.Tensor) -> None:
     """``beta ~ normal(0, 10)``, ``sigma ~ normal(0, 10)`` on ``<lower=0>``, ``y ~ normal(X * beta,
     sigma)`` (the program adds the three densities to ``target``)."""
@@ -215,6 +238,9 @@ class Posterior:
     prepare: Callable[[dict], tuple[np.ndarray, ...]]
     #: the Pyro model, called with the prepared arrays as tensors
     model: Callable
+    #: the program's ``transformed parameters``: the draws (``{site: tensor}``) to the extra Stan parameters
+    #: the reference has (``None``: it has none)
+    transformed: Callable[[dict], dict] | None = None
 
     @property
     def name(self) -> str:
@@ -334,6 +360,14 @@ _ENTRIES = [
         low_dim_gauss_mix,
     ),
     Posterior("sblrc", "blr", ("X", "y"), _prepare_blr, blr),
+    Posterior(
+        "eight_schools",
+        "eight_schools_noncentered",
+        ("y", "sigma"),
+        lambda data: (np.asarray(data["y"], float), np.asarray(data["sigma"], float)),
+        eight_schools_noncentered,
+        eight_schools_theta,
+    ),
     Posterior("sblri", "blr", ("X", "y"), _prepare_blr, blr),
 ]
 
