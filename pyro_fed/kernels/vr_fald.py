@@ -33,7 +33,9 @@ class VrFaldKernel(FaldKernel):
         iteration (default ``None``: refreshes take a tenth of the data evaluations,
         :math:`q_c = 0.1 \cdot 2 \sum_i n_i / N` — a control variate measured as far from its reference as
         two posterior draws loses nothing to older references; see
-        :func:`~pyro_fed.algorithms.adaptation.refresh_probability`).
+        :func:`~pyro_fed.algorithms.adaptation.refresh_probability`; and none with full local batches and
+        ``comm_prob = 1``, where the clients' average of :math:`G^i` is :math:`\nabla U(X) / b` whatever
+        the pair, so that the chain is FALD's).
 
     The other arguments are those of :class:`~pyro_fed.FaldKernel`.
     """
@@ -51,7 +53,10 @@ class VrFaldKernel(FaldKernel):
     def make_algorithm(self, **common) -> vr_fald.VrFald:
         self._refresh_prob = self.refresh_prob
         if self._refresh_prob is None:
-            self._refresh_prob = self._event_probability()
+            # with exact gradients and an average every iteration the shifts cancel in the average (the
+            # clients' mean of G^i is grad U / b for any pair): this is FALD, and refreshes would only cost
+            exact_average = self.full_local_batches and self.comm_prob == 1.0
+            self._refresh_prob = 0.0 if exact_average else self._event_probability()
         return vr_fald.VrFald(
             comm_prob=self.comm_prob,
             noise_corr=self.noise_corr,

@@ -215,3 +215,20 @@ def test_automatic_refreshes_take_a_tenth_of_the_data_evaluations(batch_size, ev
     assert kernel.refresh_prob is None
     kernel.setup(0, x, (y > 0).double())
     assert kernel.current_refresh_prob == pytest.approx(0.1 * evaluated / 40)
+
+
+def test_no_automatic_refreshes_where_the_shifts_cancel_in_every_average():
+    # full local batches and an average every iteration: the clients' mean of G^i is grad U(X) / b whatever
+    # the pair, so the automatic refresh probability is 0 and the chain is FALD's (to rounding: the shift
+    # is subtracted and added back)
+    x, y = regression_data(40)
+    args, clients, draws = (x, (y > 0).double()), torch.arange(40) % 4, {}
+    for kernel_class in (FaldKernel, VrFaldKernel):
+        pyro.set_rng_seed(5)
+        kernel = kernel_class(logistic_model, clients, step_size=0.05, gradient_mode="traced")
+        draws[kernel_class] = run(kernel, args, num_samples=50, warmup=0).get_samples()["w"]
+    assert kernel.current_refresh_prob == 0.0
+    torch.testing.assert_close(draws[VrFaldKernel], draws[FaldKernel], rtol=0, atol=1e-10)
+    kernel = VrFaldKernel(logistic_model, clients, step_size=0.05, comm_prob=0.5)
+    kernel.setup(0, *args)
+    assert kernel.current_refresh_prob > 0  # local steps: the shift corrects the drift, refreshes pay
