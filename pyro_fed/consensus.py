@@ -97,7 +97,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from .data.partition import to_index_lists
 from .model import predictive
 from .model.gradients import make_prior_weights
-from .model.sites import ModelSites, _full_size_plate, is_random_variable, sampling_free
+from .model.sites import ModelSites, full_size_plate, is_random_variable, sampling_free
 from .model.unconstrained import UnconstrainedSpace
 from .network.base import BITS_PER_FLOAT
 
@@ -224,7 +224,7 @@ class ClientModel:
         )
         # a plate declared with subsample_size = N would refuse the client's N_i indices
         full = (
-            _full_size_plate(self.sites.plate) if self.sites.full_size_subsample else contextlib.nullcontext()
+            full_size_plate(self.sites.plate) if self.sites.full_size_subsample else contextlib.nullcontext()
         )
         with full, restriction:
             result = self.model(*args, **kwargs)

@@ -172,7 +172,7 @@ class _FillMasked(Messenger):
 
 
 @contextlib.contextmanager
-def _full_size_plate(name: str) -> Iterator[None]:
+def full_size_plate(name: str) -> Iterator[None]:
     """While the model runs: the plate ``name``, if declared with ``subsample_size`` equal to its size (a full
     plate, as Pyro's own MCMC runs it), takes the subsample pyro_fed injects, of any size. Pyro would refuse
     it as a subsample of another size than declared."""
@@ -631,7 +631,7 @@ class ModelSites:
         model = self.model if observed else poutine.uncondition(self.model)
         conditioned = poutine.condition(model, data={**values, self.plate: indices})
         model = _FillMasked(self.placeholders)(_FixMissing(self.missing_sites)(conditioned))
-        full_size = _full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
+        full_size = full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
         with pyro.validation_enabled(False), full_size:
             return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model))).get_trace(
                 *self.model_args, **self.model_kwargs
