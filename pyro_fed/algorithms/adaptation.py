@@ -600,6 +600,13 @@ def step_size(stiffness: float, noise: float, num_clients: int) -> float:
     return 2 * epsilon * num_clients / (noise + (1 + epsilon) * num_clients * stiffness)
 
 
+def step_shrink(noise: float, stiffness: float) -> float:
+    r"""How many times smaller the gradient ``noise`` :math:`V` makes a server's automatic step (one "client",
+    :func:`step_size`) than exact gradients would: :math:`1 + V / ((1 + \varepsilon) \lambda)`, ``stiffness``
+    :math:`\lambda`; the chains need that many times the iterations for the same accuracy."""
+    return 1.0 + noise / ((1.0 + VARIANCE_TARGET) * stiffness)
+
+
 def batch_noise_allowance(stiffness: float, num_clients: int) -> float:
     r"""The noise :math:`V` an automatic minibatch may add: ``BATCH_NOISE_SHARE`` of the excess variance at
     the step of exact gradients, :math:`h V / 2 \le s\, \varepsilon` with :math:`h \lambda = 2\varepsilon/(1 +

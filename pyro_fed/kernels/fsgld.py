@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -12,6 +13,9 @@ from .base import FederatedKernel
 
 #: the surrogates' forms: ``"auto"`` is dense up to ``adaptation.DENSE_DIMENSIONS`` coordinates
 SURROGATE_FORMS = ("auto", "dense", "diagonal")
+#: the run is warned before it starts when the conducive gradient's noise makes the automatic step more than
+#: this many times smaller than exact gradients would
+SURROGATE_WARNING = 10.0
 
 
 class FsgldKernel(FederatedKernel):
@@ -164,6 +168,38 @@ class FsgldKernel(FederatedKernel):
             probabilities=self.probabilities(),
             local_steps=self.local_steps,
             **common,
+        )
+
+    def warn_before_run(self) -> None:
+        """Warn when the conducive gradient's noise makes the automatic step more than ``SURROGATE_WARNING``
+        times smaller than exact gradients would (:func:`~pyro_fed.algorithms.adaptation.step_shrink` of the
+        noise the warm-up measured): the round's client stands for all of them, scaled by :math:`1/p_s`,
+        and what its surrogate misses of its potential (and its minibatch, and its ``local_steps``) is the
+        noise; the chains need that many times the iterations of exact gradients."""
+        chosen = self.adaptation
+        if chosen is None or self.step_size is not None:
+            return
+        shrink = adaptation.step_shrink(chosen.noise, chosen.stiffness)
+        if shrink <= SURROGATE_WARNING:
+            return
+        bias = (
+            f" With local_steps={self.local_steps}, surrogates that are not exact also move the stationary "
+            "mean off the posterior's (the round's client errs the same way for all its steps): "
+            "local_steps=1 does not."
+            if self.local_steps > 1
+            else ""
+        )
+        warnings.warn(
+            f"{type(self).__name__}: the conducive gradient's noise (the round's one client of "
+            f"{self.network.num_clients}, what its surrogate misses of its potential scaled by 1/p_s"
+            + (f", held for local_steps={self.local_steps}" if self.local_steps > 1 else "")
+            + (", and its minibatch" if not self.full_local_batches else "")
+            + f") makes the automatic step {shrink:.3g} times smaller than exact gradients would (noise "
+            f"{chosen.noise:.3g} against a curvature of {chosen.stiffness:.3g}, preconditioned): the chains "
+            f"need {shrink:.3g} times the iterations for the same accuracy. Surrogates closer to the "
+            "clients' potentials (surrogate_form='dense', or your own, e.g. fitted to local draws), fewer "
+            "local_steps or a larger batch_size reduce it." + bias,
+            stacklevel=2,
         )
 
     # ---------------------------------------------------------------- warm-up hooks

@@ -205,8 +205,7 @@ class QlsdKernel(FederatedKernel):
         if chosen is None or self.step_size is not None or self.participation == 1.0:
             return
         noise = self.participation_noise(chosen)
-        # the server's automatic step is 2 eps / (V + (1 + eps) lambda) (adaptation.step_size, one "client")
-        shrink = 1.0 + noise / ((1.0 + adaptation.VARIANCE_TARGET) * chosen.stiffness)
+        shrink = adaptation.step_shrink(noise, chosen.stiffness)
         if shrink <= PARTICIPATION_WARNING:
             return
         b, p = self.potential.network.num_clients, self.participation

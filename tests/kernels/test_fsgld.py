@@ -2,6 +2,8 @@
 stationary laws on Gaussian clients with exact surrogates (ULA on U, any number of local steps) and with wrong
 ones (a random linear recursion, one outcome per client); argument errors; two ranks."""
 
+import warnings
+
 import numpy as np
 import pyro
 import pytest
@@ -10,7 +12,7 @@ from pyro.infer import MCMC
 
 from pyro_fed.algorithms import adaptation, fsgld
 from pyro_fed.engine.randomness import Randomness
-from pyro_fed.kernels.fsgld import FsgldKernel
+from pyro_fed.kernels.fsgld import SURROGATE_WARNING, FsgldKernel
 from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.network.distributed import shard
 from pyro_fed.network.in_process import InProcessNetwork
@@ -338,6 +340,28 @@ def test_the_automatic_step_pays_for_the_conducive_noise_of_wrong_surrogates():
     # the same client draws, their deviations scaled by sqrt(4)
     assert chosen["wrong K=4"].noise == pytest.approx(4 * chosen["wrong"].noise, rel=1e-9)
     assert chosen["exact"].step_size > chosen["wrong"].step_size > chosen["wrong K=4"].step_size
+
+
+def test_surrogates_whose_noise_shrinks_the_automatic_step_are_named_before_the_run():
+    # surrogates that know nothing of the clients (precisions 1e-3 I, means 0): the conducive gradient is the
+    # round's client's gradient over p_s, whose spread across the 3 heterogeneous clients (means ~2 sds
+    # apart) makes the automatic step tens of times smaller than exact gradients: said before the run, with
+    # the factor step_shrink computes and, with 2 local steps, the mean's bias. Fitted (exact) surrogates:
+    # no noise, nothing said.
+    model, args, clients, exact = problem()
+    blind = (torch.zeros(3, 2), 1e-3 * torch.eye(2).expand(3, 2, 2))
+    kernel = FsgldKernel(model, clients, surrogates=blind, local_steps=2, gradient_mode="traced", thinning=1)
+    with pytest.warns(UserWarning, match=r"FsgldKernel: the conducive gradient's noise") as caught:
+        run(kernel, args, num_samples=2)
+    chosen = kernel.adaptation
+    shrink = adaptation.step_shrink(chosen.noise, chosen.stiffness)
+    (message,) = [str(w.message) for w in caught if "conducive gradient's noise" in str(w.message)]
+    assert shrink > SURROGATE_WARNING and f"the automatic step {shrink:.3g} times smaller" in message
+    assert "local_steps=2" in message and "stationary mean" in message
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        run(FsgldKernel(model, clients, gradient_mode="traced", thinning=1), args, num_samples=2)
+    assert not [w for w in quiet if "conducive gradient's noise" in str(w.message)]
 
 
 # ----------------------------------------------------------------------------------- exact laws
