@@ -261,6 +261,10 @@ class FederatedKernel(MCMCKernel):
     #: its own (FALD): the warm-up then chooses the step for the stiffness of the sum of the clients'
     #: potentials, and the prior may stay on the server (``prior_weights="server"``)
     server_step: bool = False
+    #: whether the chains start at draws of the warm-up's Laplace approximation when no start is given (with
+    #: the run's inverse mass as its covariance: a kernel whose run's inverse mass is not that approximation,
+    #: pSGLD's identity, starts from the init strategy's points instead)
+    laplace_starts: bool = True
     #: statistics that hold every client's iterate (``[draws, b, d]`` per chain), not a number per draw, with
     #: the name of their client dimension: :func:`~pyro_fed.to_inference_data` gives each an ArviZ group of
     #: its own, named after it
@@ -466,7 +470,13 @@ class FederatedKernel(MCMCKernel):
             named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
             form = self.preconditioner if named else "auto"
             chosen = warmup.adapt(
-                pot, self._sampler(), start, seed, given, form, max_pilot_iterations=self._pilot_budget()
+                pot,
+                self._sampler(),
+                start,
+                seed,
+                self.warmup_preconditioner if given is None else given,
+                form,
+                max_pilot_iterations=self._pilot_budget(),
             )
             self.adaptation = self.finish_adaptation(chosen)
             return self.adaptation.preconditioner
@@ -533,6 +543,12 @@ class FederatedKernel(MCMCKernel):
         return adaptation.refresh_probability(
             self.iteration_data(), int(self.potential.all_client_sizes.sum())
         )
+
+    def warmup_preconditioner(self, curvature: torch.Tensor) -> torch.Tensor | None:
+        """The inverse mass the warm-up chooses the step for, from the Hessian diagonal of :math:`U` at the
+        mode (``[d]``), when the kernel has its own (pSGLD: the stationary value of its adaptive
+        :math:`G`); ``None`` (the default): the warm-up's Laplace approximation, diagonal or dense."""
+        return None
 
     def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
         """What the warm-up chose, with the kernel's own last word (D-ULA: a step its graph's mixing
@@ -609,7 +625,8 @@ class FederatedKernel(MCMCKernel):
     def _starts_from_laplace(self) -> bool:
         """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""
         return (
-            self.adaptation is not None
+            self.laplace_starts
+            and self.adaptation is not None
             and self.init_strategy is None
             and self.plan.initial_params is None
             and self._user_initial_params is None

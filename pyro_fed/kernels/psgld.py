@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 
 from ..algorithms import adaptation, psgld
-from . import warmup
 from .arguments import check_positive, check_probability
 from .base import FederatedKernel
 
@@ -89,6 +88,9 @@ class PsgldKernel(FederatedKernel):
 
     #: the step is the server's, on the whole potential
     server_step = True
+    #: the run's inverse mass (the identity) is no Laplace approximation to draw the starts from: the init
+    #: strategy's points, pulled to the posterior's typical level, instead
+    laplace_starts = False
 
     def __init__(
         self,
@@ -125,32 +127,12 @@ class PsgldKernel(FederatedKernel):
         # the server's estimate is the clients' sum: one "client"
         return self.potential.network.sum(minibatch_gradients(points))[..., None, :]
 
-    def _choose_step_and_preconditioner(self, start: torch.Tensor, seed: int) -> torch.Tensor:
-        """With an automatic step: the mode and the Hessian diagonal there (:math:`G_\\star`), then the
-        warm-up for the fixed inverse mass :math:`G_\\star` (its own search for the mode starts at the mode);
-        the run's inverse mass, the identity (see :meth:`finish_adaptation`)."""
-        pot = self.potential
-        self.adaptation = self.stationary_preconditioner = None
-        if self.step_size is None:
-            search = warmup.find_mode(pot, start)
-            diagonals, _ = adaptation.client_hessians(
-                pot.full_gradient_fn, search.point, pot.num_clients, pot.network
-            )
-            # the search's rounds and the clients' Hessian diagonals; the warm-up counts its own
-            pot.network.record_averages(search.evaluations + 1, shared=True)
-            expected = psgld.stationary_preconditioner(pot.network.sum(diagonals), self.damping)
-            chosen = warmup.adapt(
-                pot,
-                self._sampler(),
-                search.point,
-                seed,
-                expected,
-                "auto",  # the Hessian gathered (d <= DENSE_DIMENSIONS): the slowest direction, for thinning
-                max_pilot_iterations=self._pilot_budget(),
-            )
-            self.stationary_preconditioner = expected
-            self.adaptation = self.finish_adaptation(chosen)
-        return torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
+    def warmup_preconditioner(self, curvature: torch.Tensor) -> torch.Tensor:
+        """:math:`G_\\star`, the stationary :math:`G` on a Gaussian posterior with the Hessian diagonal
+        ``curvature`` at the mode (:func:`~pyro_fed.algorithms.psgld.stationary_preconditioner`): the
+        automatic step is chosen for it, and it is kept as :attr:`stationary_preconditioner`."""
+        self.stationary_preconditioner = psgld.stationary_preconditioner(curvature, self.damping)
+        return self.stationary_preconditioner
 
     def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
         """The warm-up's choice with the identity as the run's inverse mass: the step was chosen for
@@ -158,11 +140,6 @@ class PsgldKernel(FederatedKernel):
         also keeps the warm-up from measuring the preconditioner again from the draws, which pSGLD's
         :math:`G` replaces.)"""
         return chosen._replace(preconditioner=torch.ones_like(chosen.mode))
-
-    def _starts_from_laplace(self) -> bool:
-        # the run's inverse mass (the identity) is no Laplace approximation to draw the starts from: the
-        # init strategy's points, pulled to the posterior's typical level, instead
-        return False
 
     def warn_before_run(self) -> None:
         """Warn when the slowest direction relaxes over more than ``MEMORY_WARNING / (1 - decay)`` iterations

@@ -68,7 +68,7 @@ def adapt(
     sampler: Sampler,
     start: torch.Tensor,
     seed: int,
-    inverse_mass: torch.Tensor | None = None,
+    inverse_mass: torch.Tensor | Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     form: str = "auto",
     max_pilot_iterations: float = 0,
 ) -> adaptation.Adaptation:
@@ -77,12 +77,15 @@ def adapt(
     ``start`` (``[d]``) and at typical points, and from the sampler's gradient noise; the bits the clients
     upload for it are counted on the potential's network, on the first chain (the choice serves every
     chain).
-    ``inverse_mass`` is the user's, if given; otherwise one of ``form`` (``"diagonal"``, ``"dense"`` or
-    ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves a condition
-    number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds
-    the minibatches of the noise measurement: the choice depends on neither the number of chains nor their
-    randomness, nor does the pilot run that checks the step (at most ``max_pilot_iterations`` per iteration
-    of a draw: the kernels pass their warm-up's upload rounds, see ``upload_rate``)."""
+    ``inverse_mass`` is the user's, if given, or the sampler's own from the Hessian diagonal of :math:`U` at
+    the mode (a function of it, which may return ``None``: see
+    :meth:`~pyro_fed.FederatedKernel.warmup_preconditioner`); otherwise one of ``form`` (``"diagonal"``,
+    ``"dense"`` or ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves
+    a condition number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted.
+    ``seed`` seeds the minibatches of the noise measurement: the choice depends on neither the number of
+    chains nor their randomness, nor does the pilot run that checks the step (at most
+    ``max_pilot_iterations`` per iteration of a draw: the kernels pass their warm-up's upload rounds, see
+    ``upload_rate``)."""
     mode, inverse_mass, curvature, clients, condition, slowest, decrement, rounds = _mode_and_preconditioner(
         pot, start, inverse_mass, form
     )
@@ -122,7 +125,7 @@ def adapt(
     )  # fmt: skip
 
 
-def _mode_and_preconditioner(pot, start: torch.Tensor, given: torch.Tensor | None, form: str):
+def _mode_and_preconditioner(pot, start: torch.Tensor, given, form: str):
     """The mode (by L-BFGS from ``start``, then checked with the Hessian there: refined in the coordinates
     that the Laplace approximation whitens while its Newton decrement exceeds ``MODE_TOLERANCE``, at most
     ``MODE_REFINEMENTS`` times, and reported with a warning if it then exceeds ``MODE_WARNING``), the
@@ -240,12 +243,12 @@ def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generato
     return step, largest, iterations * len(points) + stiffness_rounds[0], iterations, elapsed
 
 
-def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: str):
-    """The inverse mass (the user's ``given`` one, or one of ``form`` from the clients' Hessians at the
-    mode), the Hessian diagonal of :math:`U` and each client's, the condition number the diagonal form
-    leaves (``nan`` when the Hessian is not gathered), the slowest preconditioned curvature (the smallest
-    eigenvalue of :math:`R^\top H R` when the Hessian is gathered, else the smallest diagonal entry, which
-    bounds it from above), the
+def _preconditioner(pot, mode: torch.Tensor, given, form: str):
+    """The inverse mass (the ``given`` one: a tensor, or a function of the Hessian diagonal at the mode
+    returning one or ``None``; else one of ``form`` from the clients' Hessians at the mode), the Hessian
+    diagonal of :math:`U` and each client's, the condition number the diagonal form leaves (``nan`` when the
+    Hessian is not gathered), the slowest preconditioned curvature (the smallest eigenvalue of :math:`R^\top
+    H R` when the Hessian is gathered, else the smallest diagonal entry, which bounds it from above), the
     Laplace approximation's covariance (dense when gathered, else its diagonal: the metric of the mode's
     Newton decrement) and the rounds of uploads it cost."""
     gather = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
@@ -269,6 +272,8 @@ def _preconditioner(pot, mode: torch.Tensor, given: torch.Tensor | None, form: s
         hessian = None if hessian is None else hessian + prior_hessian
     diagonal = adaptation.preconditioner(curvature)
     laplace = diagonal if hessian is None else adaptation.dense_preconditioner(hessian)
+    if callable(given):  # the sampler's own inverse mass from the curvature (pSGLD's stationary G)
+        given = given(curvature)
     inverse_mass, condition = diagonal if given is None else given, float("nan")
     if hessian is not None:
         curvatures = adaptation.preconditioned_curvatures(hessian, diagonal)
