@@ -311,6 +311,8 @@ class FederatedKernel(MCMCKernel):
             raise
 
     def _setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        """A run's set-up: the model's split, the seeds (or a checkpoint's), the warm-up and the chains'
+        starts, the algorithm and its state, the runner of its iterations."""
         if self._continues_batched_run():
             self._chain += 1
             self._served = 0
@@ -322,18 +324,59 @@ class FederatedKernel(MCMCKernel):
         self.potential = pot = self.build_potential(*args, network=network, **kwargs)
         check_batch_size_fits(self.batch_size, pot.all_client_sizes)
         num_chains = self.plan.num_chains
-        # drawn from the global RNG so that pyro.set_rng_seed makes a run reproducible; the first holder's
-        # where clients are held in several places
+        seed, adaptation_seed, saved = self._seeds(network, warmup_steps, args, kwargs)
+        self.rng = Randomness(seed, pot.device)
+        self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
+        self._chain, self._served = 0, 0
+        positions, inverse_mass = self._starts(network, saved, adaptation_seed, num_chains)
+        if saved is None:
+            self.warn_before_run()
+        algorithm = self.make_algorithm(
+            network=network,
+            num_chains=num_chains,
+            dim=pot.dim,
+            dtype=pot.dtype,
+            device=pot.device,
+        )
+        if saved is None:
+            state = tuple(algorithm.init(positions))
+            self._start = checkpoints.Start(positions, inverse_mass, (seed, adaptation_seed))
+        else:
+            state = checkpoints.algorithm_state(saved, pot.device)
+        self.runner = self._runner(algorithm, state, positions, inverse_mass, network)
+        if saved is not None:
+            checkpoints.restore_run(saved, self.runner, pot.device)
+        self._window_end = self._draws_window(warmup_steps)
+        thinning = self.current_thinning
+        self._checkpointed = self.runner.computed // thinning
+        if self.checkpoint_every is not None:
+            self._checkpoint_interval = self.checkpoint_every
+        elif self._iterations_needed is None:
+            self._checkpoint_interval = 1
+        else:  # about ten checkpoints over the run
+            self._checkpoint_interval = max(1, math.ceil(self._iterations_needed // thinning / 10))
+
+    def _seeds(self, network: Network, warmup_steps: int, args, kwargs) -> tuple[int, int, dict | None]:
+        """The run's seed and the warm-up's, and the checkpoint it resumes (``None``: a new run): drawn from
+        the global RNG, so that ``pyro.set_rng_seed`` makes a run reproducible (the first holder's where
+        clients are held in several places), or the checkpointed run's, for the streams it has not drawn
+        yet."""
         seed, adaptation_seed = network.share(torch.randint(0, 2**62, (2,), device="cpu").tolist())
         saved = None
         if self.checkpoint is not None:
             self._fingerprint = checkpoints.fingerprint(self, warmup_steps, args, kwargs)
             saved = checkpoints.load_matching(self.checkpoint, self._fingerprint, network)
-        if saved is not None:  # resumed: the checkpointed run's seeds, for the streams it has not drawn yet
+        if saved is not None:
             seed, adaptation_seed = saved["meta"]["seeds"]
-        self.rng = Randomness(seed, pot.device)
-        self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
-        self._chain, self._served = 0, 0
+        return seed, adaptation_seed, saved
+
+    def _starts(
+        self, network: Network, saved: dict | None, adaptation_seed: int, num_chains: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chains' initial points ``[C, d]`` and the run's inverse mass, after the warm-up (which needs
+        chain 0's initial point), with the minibatch, the thinning and the iterations they imply; a resumed
+        run's are the checkpoint's (its preconditioner the draws' if they were measured)."""
+        pot = self.potential
         if saved is None:
             self._initial_params = self._initial_values(num_chains)
             positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
@@ -341,18 +384,18 @@ class FederatedKernel(MCMCKernel):
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
             pot.check_initial_points(positions)
             inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
-        else:  # resumed: the checkpointed run's start and warm-up (its preconditioner the draws' if measured)
+        else:
             self._start, self.adaptation = checkpoints.start(saved, pot.device)
             positions, inverse_mass = self._start.positions, self._start.inverse_mass
             if self.adaptation is not None:
                 inverse_mass = self.adaptation.preconditioner
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        batch = self.current_batch_size
-        sizes = pot.all_client_sizes
+        batch, sizes = self.current_batch_size, pot.all_client_sizes
         self.full_local_batches = batch is None or bool((client_batch_sizes(batch, sizes) == sizes).all())
-        thinning = self.current_thinning
         self._iterations_needed = (
-            None if self.plan.num_samples is None else (warmup_steps + self.plan.num_samples) * thinning
+            None
+            if self.plan.num_samples is None
+            else (self._warmup_steps + self.plan.num_samples) * self.current_thinning
         )
         if saved is None and self._starts_from_laplace():
             root = adaptation.square_root(inverse_mass)
@@ -368,23 +411,17 @@ class FederatedKernel(MCMCKernel):
                 pot.total_potentials, self.adaptation.mode, positions - self.adaptation.mode
             )
             self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        if saved is None:
-            self.warn_before_run()
-        algorithm = self.make_algorithm(
-            network=network,
-            num_chains=num_chains,
-            dim=pot.dim,
-            dtype=pot.dtype,
-            device=pot.device,
-        )
-        if saved is None:
-            state = tuple(algorithm.init(positions))
-            self._start = checkpoints.Start(positions, inverse_mass, (seed, adaptation_seed))
-        else:
-            state = checkpoints.algorithm_state(saved, pot.device)
+        return positions, inverse_mass
+
+    def _runner(
+        self, algorithm: Algorithm, state: tuple, positions: torch.Tensor, inverse_mass: torch.Tensor, network
+    ) -> ChunkRunner:
+        """The runner of the algorithm's iterations from ``state``: chunks of whole draws, the clients'
+        minibatch sampler, and the constants every iteration reads."""
+        pot, num_chains, thinning = self.potential, self.plan.num_chains, self.current_thinning
+        batch = self.current_batch_size
         # pre-drawn per iteration: minibatch indices and their sort keys, and at most b x d random numbers
-        # (noise, quantisation)
-        # (for all clients: every holder of clients runs chunks of the same length)
+        # (noise, quantisation), for all clients: every holder of clients runs chunks of the same length
         per_iteration = num_chains * network.num_clients * (2 * (batch or 0) + pot.dim)
         # a chunk holds a whole number of draws
         draws_per_chunk = max(1, min(self.chunk_size, MAX_CHUNK_ELEMENTS // per_iteration) // thinning)
@@ -392,9 +429,7 @@ class FederatedKernel(MCMCKernel):
         minibatches = (
             None
             if self.full_local_batches
-            else pot.minibatch_sampler(
-                self.current_batch_size, chunk_size=chunk, num_chains=num_chains, rng=self.rng
-            )
+            else pot.minibatch_sampler(batch, chunk_size=chunk, num_chains=num_chains, rng=self.rng)
         )
         # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),
         # and the explosion bounds
@@ -403,7 +438,7 @@ class FederatedKernel(MCMCKernel):
             positions.clone(),
             EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
         )
-        self.runner = ChunkRunner(
+        return ChunkRunner(
             algorithm,
             state,
             pot,
@@ -420,16 +455,6 @@ class FederatedKernel(MCMCKernel):
             # and data it reads from elsewhere, which no comparison of arguments can see) as constants
             what=f"the {type(self).__name__} iteration",
         )
-        if saved is not None:
-            checkpoints.restore_run(saved, self.runner, pot.device)
-        self._window_end = self._draws_window(warmup_steps)
-        self._checkpointed = self.runner.computed // thinning
-        if self.checkpoint_every is not None:
-            self._checkpoint_interval = self.checkpoint_every
-        elif self._iterations_needed is None:
-            self._checkpoint_interval = 1
-        else:  # about ten checkpoints over the run
-            self._checkpoint_interval = max(1, math.ceil(self._iterations_needed // thinning / 10))
 
     @property
     def algorithm(self) -> Algorithm | None:
