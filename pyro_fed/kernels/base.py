@@ -624,7 +624,9 @@ class FederatedKernel(MCMCKernel):
         ``points`` (``[P, d]``, draws of the Laplace approximation around ``mode``): their minibatch gradients
         (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R`` minibatches). Samplers
         with control variates measure the error of their own estimate instead; a server's estimate is one
-        "client" (``b = 1``)."""
+        "client" (``b = 1``). Whatever it measures, it must draw the clients' estimates from
+        ``minibatch_gradients``: one that never calls it cannot see a minibatch's noise, and the warm-up then
+        keeps full local batches, with a warning."""
         return minibatch_gradients(points)
 
     def _mode(self, what: str, cost: str, remedy: str) -> torch.Tensor:

@@ -166,7 +166,9 @@ def _batch_and_noise(
         batch = None if sampler.batch_size == "full" else sampler.batch_size
         if batch is None and not sampler.random_at_full_batch:
             return None, 0.0, 0
-        profile = _noise_profile(pot, sampler, seed, mode, points, root, batch)
+        profile, drawn = _noise_profile(pot, sampler, seed, mode, points, root, batch)
+        if batch is not None and not drawn:
+            _warn_blind(sampler, f"the step is chosen as if batch_size={batch} added none (too large a step)")
         return batch, adaptation.gradient_noise(profile, pot.network, not sampler.server_step), 1
     # each client's probe, for all clients wherever they are held (the minibatch sampler's rule), and the
     # held clients' own
@@ -174,8 +176,12 @@ def _batch_and_noise(
     held_probe = probe[pot.network.held(len(probe))]
     full = None
     if sampler.random_at_full_batch:
-        full = _noise_profile(pot, sampler, seed, mode, points, root, None)
-    probed = _noise_profile(pot, sampler, seed, mode, points, root, probe)
+        full, _ = _noise_profile(pot, sampler, seed, mode, points, root, None)
+    probed, drawn = _noise_profile(pot, sampler, seed, mode, points, root, probe)
+    if not drawn:  # a measure blind to the minibatch: full local batches, whose noise it does measure
+        _warn_blind(sampler, "it keeps full local batches (or give batch_size)")
+        noise = 0.0 if full is None else adaptation.gradient_noise(full, pot.network, not sampler.server_step)
+        return None, noise, 1 + (sampler.random_at_full_batch or 0)
     full = torch.zeros_like(probed) if full is None else full
     allowed = adaptation.batch_noise_allowance(stiffness, clients_per_step)
     # the clients' own estimates, or a server's of their sum (one row: said, as a process holding one
@@ -190,18 +196,37 @@ def _batch_and_noise(
     return batch, noise, 1 + (sampler.random_at_full_batch or 0)
 
 
-def _noise_profile(pot, sampler: Sampler, seed, mode, points, root, batch) -> torch.Tensor:
+def _noise_profile(pot, sampler: Sampler, seed, mode, points, root, batch) -> tuple[torch.Tensor, bool]:
     """The noise profile (:func:`~pyro_fed.algorithms.adaptation.noise_profile`) of the sampler's estimate
     at the typical ``points`` with minibatches of ``batch`` (``None``: full local batches), from its
-    ``adaptation_noise``."""
-    draws = sampler.adaptation_noise(_minibatch_gradients(pot, seed, batch), mode, points)
+    ``adaptation_noise``, and whether that drew the minibatch estimates it was given (one that never does
+    reports every minibatch as noiseless as the full data: an own kernel's ``adaptation_noise`` on exact
+    gradients made the warm-up choose one point per client, and its posterior 60-100% too wide)."""
+    drawn = []
+    minibatch_gradients = _minibatch_gradients(pot, seed, batch)
+
+    def recorded(at: torch.Tensor) -> torch.Tensor:
+        drawn.append(True)
+        return minibatch_gradients(at)
+
+    draws = sampler.adaptation_noise(recorded, mode, points)
     if draws.dim() != 4 or draws.shape[1] != len(points) or draws.shape[-1] != pot.dim:
         raise ValueError(
             f"{sampler.name}.adaptation_noise returned shape {tuple(draws.shape)}: it must "
             f"return [R, P, b, d] draws (R draws at each of the P = {len(points)} points it is given, "
             f"b clients, or 1 for a server's estimate, d = {pot.dim})."
         )
-    return adaptation.noise_profile(draws, root)
+    return adaptation.noise_profile(draws, root), bool(drawn)
+
+
+def _warn_blind(sampler: Sampler, consequence: str) -> None:
+    """The warning for an ``adaptation_noise`` that never drew the minibatch estimates it was given."""
+    warnings.warn(
+        f"{sampler.name}.adaptation_noise never called the minibatch_gradients it was given, so the warm-up "
+        f"cannot measure what a minibatch adds to the gradient noise: {consequence}. Draw the clients' "
+        "estimates from minibatch_gradients(points) there (see FederatedKernel.adaptation_noise).",
+        stacklevel=6,
+    )
 
 
 def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generator, max_iterations, noise):

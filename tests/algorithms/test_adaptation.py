@@ -24,7 +24,7 @@ from pyro_fed.testing import (
     vr_fald_stationary_law,
 )
 
-from ..models import gaussian_regression
+from ..models import gaussian_regression, logistic_data, logistic_model
 
 IN_PROCESS = InProcessNetwork()  # every client in this process: the sums over clients are the tensors'
 
@@ -628,6 +628,31 @@ def test_the_automatic_minibatch_is_the_smallest_within_its_share_of_the_noise()
         )
         is None
     )
+
+
+class BlindNoiseKernel(FaldKernel):
+    """A kernel whose noise measure never draws the minibatch estimates it is given (as the own-kernel
+    tutorial's first version did: its posterior came out 60-100% too wide)."""
+
+    def adaptation_noise(self, minibatch_gradients, mode, points):
+        pot = self.potential
+        return torch.zeros(8, len(points), pot.num_clients, pot.dim, dtype=points.dtype)
+
+
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_a_noise_measure_blind_to_the_minibatch_is_named_and_not_trusted(batch_size):
+    # it reports every minibatch as noiseless as the full data, so the warm-up would take the smallest one
+    # (one point per client) whose noise it never saw: it keeps full local batches instead, and says why;
+    # with a given minibatch it says that the step ignores its noise
+    x, y = logistic_data(200)
+    kernel = BlindNoiseKernel(logistic_model, torch.arange(200) % 4, batch_size=batch_size)
+    consequence = "keeps full local batches" if batch_size is None else "as if batch_size=5 added none"
+    with pytest.warns(
+        UserWarning, match=f"adaptation_noise never called the minibatch_gradients.*{consequence}"
+    ):
+        kernel.setup(0, x, y)
+    assert kernel.current_batch_size == batch_size
+    assert kernel.full_local_batches == (batch_size is None)
 
 
 def test_thinning_is_half_the_autocorrelation_time_of_the_slowest_direction():
