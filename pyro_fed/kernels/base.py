@@ -742,7 +742,8 @@ class FederatedKernel(MCMCKernel):
         window (within chains, pooled), shrunk toward the warm-up's preconditioner by ``d + 5`` pseudo-draws,
         replaces it when its eigenvalues in that preconditioner's coordinates spread more than
         ``DENSE_CONDITION`` times what chance allows the draws (diagonal: the variances alone); the step is
-        then chosen again for it, at the same minibatch and thinning. The Laplace approximation at the mode
+        then chosen again for it, at the same minibatch and thinning, its stiffness and noise measured (and
+        its pilot started) at some of the window's draws. The Laplace approximation at the mode
         misjudges a posterior whose curvature varies (a hierarchical model's scale): on eight schools the
         slowest direction then had 2.7 times fewer effective draws."""
         pot, chosen = self.potential, self.adaptation
@@ -777,6 +778,12 @@ class FederatedKernel(MCMCKernel):
             batch_size="full" if batch is None else batch,
             thinning=self.current_thinning,
         )
+        # the step is checked where the chains are: at some of their draws (evenly spread over the window's
+        # second half, all chains pooled), not at draws of a Gaussian of that covariance, which put a skewed
+        # posterior's typical points where it has little mass (eight schools' log tau: in its right tail,
+        # where the curvature is ten times the typical one)
+        pooled = draws.reshape(-1, dim)
+        picked = torch.linspace(0, len(pooled) - 1, warmup.TYPICAL_POINTS).round().long()
         self.adaptation = renewed = warmup.adapt(
             pot,
             sampler,
@@ -784,6 +791,7 @@ class FederatedKernel(MCMCKernel):
             self._start.seeds[1],
             measured.to(pot.dtype),
             max_pilot_iterations=self._pilot_budget(),
+            draws=pooled[picked],
         )
         _, start, _ = self.runner.constants
         self.runner.constants = (

@@ -71,6 +71,7 @@ def adapt(
     inverse_mass: torch.Tensor | Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     form: str = "auto",
     max_pilot_iterations: float = 0,
+    draws: torch.Tensor | None = None,
 ) -> adaptation.Adaptation:
     """Choose what the user left automatic in a ``sampler`` (its ``step_size``, ``preconditioner``,
     ``batch_size`` and ``thinning``) from the curvature of the potential ``pot`` at the mode found from
@@ -85,7 +86,10 @@ def adapt(
     ``seed`` seeds the minibatches of the noise measurement: the choice depends on neither the number of
     chains nor their randomness, nor does the pilot run that checks the step (at most
     ``max_pilot_iterations`` per iteration of a draw: the kernels pass their warm-up's upload rounds, see
-    ``upload_rate``)."""
+    ``upload_rate``). ``draws`` (``[P, d]``), draws of the posterior (the chains' own, when the preconditioner
+    is measured again from them), are the typical points where the stiffness and the noise are measured
+    and the pilot starts; by default, draws of the Laplace approximation pulled to the potential level of
+    posterior draws (:func:`~pyro_fed.algorithms.adaptation.typical_points`)."""
     mode, inverse_mass, curvature, clients, condition, slowest, decrement, rounds = _mode_and_preconditioner(
         pot, start, inverse_mass, form
     )
@@ -94,7 +98,10 @@ def adapt(
     # noise are measured there; each client uploads its potential at the points (scalars, not counted)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
-    points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
+    if draws is None:
+        points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
+    else:
+        points = draws.to(mode.device, mode.dtype)
     stiffness, clients_per_step, stiffness_rounds, _ = _stiffness(
         pot, sampler, torch.cat([mode[None], points]), root
     )

@@ -290,3 +290,8 @@ def test_a_hierarchical_posterior_gets_the_preconditioner_of_its_draws():
     root = adaptation.square_root(chosen)
     spread = torch.linalg.eigvalsh(root @ hessian @ root)
     assert float(spread.max() / spread.min()) > adaptation.DENSE_CONDITION
+    # and the step was checked at the chains' own draws, not at draws of a Gaussian of their covariance
+    # (which put log tau's typical points in its right tail, three times stiffer)
+    chains = torch.as_tensor(kernel.runner.buffer.all_draws(0)).reshape(-1, pot.dim)
+    for point in kernel.adaptation.typical_points:
+        assert bool((chains == point).all(-1).any())
