@@ -578,7 +578,12 @@ def header(info: dict) -> str:
             f"{info['wall_seconds'] / 60:.0f} min.",
             "",
             "The times are those of a CPU shared with other work: compare the ratios of one posterior's rows "
-            "(its samplers ran one after the other in one process), not the absolute times.",
+            + (
+                "(its samplers ran one after the other in one process), not the absolute times."
+                if info.get("parts", 1) == 1
+                else "rather than the absolute times; a posterior's rows may come from different runs (those "
+                "above), made at different times on a machine whose load changed, which moves ×NUTS too."
+            ),
         ]
     )
 
