@@ -55,7 +55,7 @@ class VrFaldKernel(FaldKernel):
         if self._refresh_prob is None:
             # with exact gradients and an average every iteration the shifts cancel in the average (the
             # clients' mean of G^i is grad U / b for any pair): this is FALD, and refreshes would only cost
-            exact_average = self.full_local_batches and self.comm_prob == 1.0
+            exact_average = self.full_local_batches and self.averages_every_iteration()
             self._refresh_prob = 0.0 if exact_average else self._event_probability()
         return vr_fald.VrFald(
             comm_prob=self.comm_prob,
