@@ -102,9 +102,12 @@ def adapt(
         points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
     else:
         points = draws.to(mode.device, mode.dtype)
-    stiffness, clients_per_step, stiffness_rounds, _ = _stiffness(
+    at_points, clients_per_step, stiffness_rounds, _ = _stiffness(
         pot, sampler, torch.cat([mode[None], points]), root
     )
+    # the step is set for the typical points' average stiffness, kept stable at the mode's too
+    largest = float(at_points.max())
+    stiffness = adaptation.step_stiffness(at_points[1:], largest)
     rounds += stiffness_rounds
     batch, noise, noise_rounds = _batch_and_noise(
         pot, sampler, seed, mode, points, root, stiffness, clients_per_step
@@ -116,11 +119,10 @@ def adapt(
         client_step = adaptation.step_size(stiffness, noise, clients_per_step)
         # the pilot's budget is per iteration of a draw: the thinning of the step before the pilot
         draws = adaptation.thinning_for(client_step / clients_per_step, slowest)
-        client_step, largest, pilot_rounds, pilot_iterations, pilot_time = _pilot(
-            pot, sampler, points, root, client_step, clients_per_step, generator,
+        client_step, stiffness, largest, pilot_rounds, pilot_iterations, pilot_time = _pilot(
+            pot, sampler, points, at_points[1:], largest, root, clients_per_step, generator,
             math.ceil(max_pilot_iterations * (sampler.thinning or draws)), noise,
         )  # fmt: skip
-        stiffness = max(stiffness, largest)
         rounds += pilot_rounds
         step = sampler.chosen_step(client_step)
         if sampler.thinning is None:
@@ -128,7 +130,7 @@ def adapt(
     pot.network.record_averages(rounds, shared=True)
     return adaptation.Adaptation(
         step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations,
-        pilot_time, decrement, batch, thinning, slowest, clients,
+        pilot_time, decrement, batch, thinning, slowest, clients, largest,
     )  # fmt: skip
 
 
@@ -236,10 +238,13 @@ def _warn_blind(sampler: Sampler, consequence: str) -> None:
     )
 
 
-def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generator, max_iterations, noise):
+def _pilot(
+    pot, sampler: Sampler, points, measured, largest, root, clients_per_step, generator, max_iterations, noise
+):
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
-    pilot_step`), the largest stiffness the pilot measured, the rounds of uploads it cost, its iterations
-    and the Langevin time they covered. Its iterations run on the engine of the chains
+    pilot_step`; ``measured``: their stiffness, ``largest``: the largest with the mode's), the stiffness
+    it is set for, the largest measured, the rounds of uploads it cost, its iterations and the Langevin time
+    they covered. Its iterations run on the engine of the chains
     (:mod:`pyro_fed.engine.chunk_engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
     stiffness_rounds, directions = [0], [None]
 
@@ -249,6 +254,7 @@ def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generato
 
     mode = sampler.gradient_mode if pot.gradients.vectorized else "eager"
     if mode == "auto":  # decided from the iterations planned, not from timings: the same choice every run
+        step = adaptation.step_size(adaptation.step_stiffness(measured, largest), noise, clients_per_step)
         planned = adaptation.PILOT_CHECKS * math.ceil(
             adaptation.PILOT_DURATION * clients_per_step / (adaptation.PILOT_CHECKS * step)
         )
@@ -259,20 +265,21 @@ def _pilot(pot, sampler: Sampler, points, root, step, clients_per_step, generato
         (x,), _ = engine.run((x,), (noise,), (x.new_tensor(h), root), 0, len(noise))
         return x
 
-    def stiffness(x: torch.Tensor) -> float:
+    def stiffness(x: torch.Tensor) -> torch.Tensor:
         # from the last check's directions, which the particles' small moves barely change: a few power
         # iterations, to the 1% that a step needs
-        largest, _, rounds, directions[0] = _stiffness(
+        at, _, rounds, directions[0] = _stiffness(
             pot, sampler, x, root, start=directions[0], tolerance=adaptation.PILOT_TOLERANCE
         )
         stiffness_rounds[0] += rounds
-        return largest
+        return at
 
-    step, largest, iterations, elapsed = adaptation.pilot_step(
-        move, stiffness, points, step, clients_per_step, generator, max_iterations=max_iterations, noise=noise
-    )
+    step, typical, largest, iterations, elapsed = adaptation.pilot_step(
+        move, stiffness, points, measured, largest, clients_per_step, generator,
+        max_iterations=max_iterations, noise=noise,
+    )  # fmt: skip
     # each pilot iteration is a round per particle: every client uploads its gradient there
-    return step, largest, iterations * len(points) + stiffness_rounds[0], iterations, elapsed
+    return step, typical, largest, iterations * len(points) + stiffness_rounds[0], iterations, elapsed
 
 
 def _preconditioner(pot, mode: torch.Tensor, given, form: str):
@@ -324,7 +331,7 @@ def _preconditioner(pot, mode: torch.Tensor, given, form: str):
 def _stiffness(
     pot, sampler: Sampler, points: torch.Tensor, root: torch.Tensor, **options
 ) -> tuple[float, int, int, torch.Tensor]:
-    """The stiffness that bounds the step, the largest over ``points``; the clients per step it is for
+    """The stiffness that bounds the step at each of ``points`` (``[P]``); the clients per step it is for
     (``adaptation.step_size``'s ``num_clients``); the rounds of uploads it cost; and the power iteration's
     last directions (``options`` go to :func:`~pyro_fed.algorithms.adaptation.client_stiffness`)."""
     if sampler.server_step or sampler.averages_every_iteration:
@@ -346,12 +353,12 @@ def _stiffness(
         )
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
-        return float(largest.max()) / clients_per_step, clients_per_step, iterations * len(points), vector
+        return largest[:, 0] / clients_per_step, clients_per_step, iterations * len(points), vector
     # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
     largest, _, vector = adaptation.client_stiffness(
         pot.full_gradient_fn, points, root, pot.num_clients, **options
     )
-    return float(pot.network.maximum(largest).max()), pot.network.num_clients, 0, vector
+    return pot.network.maximum(largest), pot.network.num_clients, 0, vector
 
 
 def find_mode(pot, start: torch.Tensor, **options) -> ModeSearch:

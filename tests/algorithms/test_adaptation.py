@@ -239,11 +239,11 @@ def test_preconditioner_floor_step_size_and_noise_formulas():
 STIFF = 50.0  # the quartic pilot's curvature at its mode
 
 
-def quartic_pilot(points, step, max_iterations, seed=0):
+def quartic_pilot(points, max_iterations, seed=0):
     """The pilot on U(x) = 50 sum_k (x_k^2 / 2 + x_k^4 / 4), whose curvature 50 (1 + 3 x_k^2) grows away from
-    the mode (stiffness: the largest over the points and coordinates), with the iterations and step of every
-    block (the moves between two stiffness checks) recorded."""
-    blocks = [[0, None]]
+    the mode (stiffness at a point: the largest over its coordinates), with the iterations and step of every
+    block (the moves between two stiffness checks) and every stiffness measured recorded."""
+    blocks, measured = [[0, None]], []
 
     def move(x, noise, h):
         blocks[-1] = [blocks[-1][0] + len(noise), h]
@@ -253,54 +253,80 @@ def quartic_pilot(points, step, max_iterations, seed=0):
 
     def stiffness(x):
         blocks.append([0, None])
-        return float(STIFF * (1 + 3 * x.square()).max())
+        measured.append(STIFF * (1 + 3 * x.square()).amax(-1))
+        return measured[-1]
 
+    stiffness(points)  # the starts' (measured before the pilot: not a block)
+    blocks.pop()
     generator = torch.Generator().manual_seed(seed)
-    result = adaptation.pilot_step(move, stiffness, points, step, 1, generator, max_iterations=max_iterations)
-    return result, blocks[:-1]
+    largest = float(measured[0].max())
+    result = adaptation.pilot_step(
+        move, stiffness, points, measured[0], largest, 1, generator, max_iterations=max_iterations
+    )
+    return result, blocks[:-1], torch.cat(measured)
 
 
-def test_the_pilot_shrinks_the_step_where_the_posterior_is_stiffer_than_at_its_start():
-    # from the mode, where the curvature is 50 (the rule's step 0.2 / 50), the particles reach |x| ~ 0.14
-    # (the posterior's sd) and beyond, where it is 1.1 times that and more: the step must end at rho over
-    # the largest curvature they met (P(|x| < 0.19) ~ 0.8 at each of 64 checked states)
+def test_the_pilot_sets_the_step_for_the_stiffness_where_the_particles_go():
+    # from the mode, where the curvature is 50 (the rule's step 0.18 / 50), the particles reach |x| ~ 0.14
+    # (the posterior's sd) and beyond, where it is 1.1 times that and more: the step must end at the rule's
+    # for every stiffness met, the starts' included (P(|x| < 0.19) ~ 0.8 at each of 64 checked states)
     start = torch.zeros(4, 1)
-    (step, largest, iterations, elapsed), blocks = quartic_pilot(start, adaptation.STEP_TARGET / STIFF, 10**6)
-    assert largest > 1.1 * STIFF and step == pytest.approx(adaptation.STEP_TARGET / largest)
-    # each block runs for a Langevin time T / checks at the step of the moment, which only shrinks
+    (step, typical, largest, iterations, elapsed), blocks, measured = quartic_pilot(start, 10**6)
+    assert largest == float(measured.max()) > 1.1 * STIFF
+    assert typical == pytest.approx(adaptation.step_stiffness(measured, largest), rel=1e-12)
+    assert STIFF < typical < largest and step == pytest.approx(adaptation.STEP_TARGET / typical)
+    # each block runs for a Langevin time T / checks at the step of the moment: set from what the checks
+    # before it measured
     assert len(blocks) == adaptation.PILOT_CHECKS
-    steps = [h for _, h in blocks]
-    assert steps == sorted(steps, reverse=True) and steps[-1] < steps[0]
-    for n, h in blocks:
-        assert (
-            n
-            == math.ceil(adaptation.PILOT_DURATION / (adaptation.PILOT_CHECKS * h))
-            > adaptation.PILOT_MIN_BLOCK
-        )
+    assert blocks[0][1] == pytest.approx(adaptation.STEP_TARGET / STIFF)
+    for k, (n, h) in enumerate(blocks):
+        seen = measured[: 4 * (k + 1)]
+        assert h == pytest.approx(adaptation.STEP_TARGET / adaptation.step_stiffness(seen, float(seen.max())))
+        assert n == max(math.ceil(adaptation.PILOT_DURATION / (adaptation.PILOT_CHECKS * h)), 64)
     assert sum(n for n, _ in blocks) == iterations
     assert elapsed == pytest.approx(sum(n * h for n, h in blocks)) and elapsed >= adaptation.PILOT_DURATION
 
 
+def test_the_step_is_set_for_the_typical_stiffness_and_kept_stable_at_the_largest():
+    # a stiffness ten times the others' at one point of four: the root mean square, not the largest,
+    # sets the step; one a hundred times theirs bounds it, at a product of STABLE_PRODUCT with the step
+    typical = torch.tensor([1.0, 1.0, 1.0, 10.0])
+    assert adaptation.step_stiffness(typical, 10.0) == pytest.approx((103 / 4) ** 0.5)
+    assert adaptation.step_stiffness(typical, 100.0) == pytest.approx(
+        100.0 * adaptation.STEP_TARGET / adaptation.STABLE_PRODUCT
+    )
+    step = adaptation.step_size(adaptation.step_stiffness(typical, 100.0), 0.0, 1)
+    assert step * 100.0 == pytest.approx(adaptation.STABLE_PRODUCT)
+    # a Gaussian's stiffness is the same everywhere: the largest, as before
+    assert adaptation.step_stiffness(torch.full((4,), 3.0), 3.0) == pytest.approx(3.0)
+
+
 def test_the_pilot_keeps_the_step_on_a_gaussian_and_stops_at_its_iteration_budget():
-    # U = |x|^2 / 2 seen through a stiffness of 1 everywhere: nothing to shrink
+    # U = |x|^2 / 2 seen through a stiffness of 1 everywhere: nothing to change
     def move(x, noise, h):
         return x + noise[-1]
 
-    generator, step = torch.Generator().manual_seed(0), adaptation.STEP_TARGET  # the rule's, for 1
-    step, largest, iterations, elapsed = adaptation.pilot_step(
-        move, lambda x: 1.0, torch.zeros(2, 3), step, 1, generator, max_iterations=40
+    def ones(x):
+        return torch.ones(len(x))
+
+    generator = torch.Generator().manual_seed(0)
+    step, typical, largest, iterations, elapsed = adaptation.pilot_step(
+        move, ones, torch.zeros(2, 3), torch.ones(2), 1.0, 1, generator, max_iterations=40
     )
-    assert (step, largest) == (adaptation.STEP_TARGET, 1.0)
+    # the rule's step for 1
+    assert (step, typical, largest) == (pytest.approx(adaptation.STEP_TARGET), 1.0, 1.0)
     # a block of at least 64 iterations, cut to the budget of 40: it ends the pilot, short of its time T
     assert iterations == 40 and elapsed == pytest.approx(40 * step) and elapsed < adaptation.PILOT_DURATION
     # without it, blocks of at least 64 iterations at h = 0.18: 56 would reach T = 10, so the first does
-    _, _, iterations, _ = adaptation.pilot_step(
-        move, lambda x: 1.0, torch.zeros(2, 3), step, 1, generator, max_iterations=10**6
+    _, _, _, iterations, _ = adaptation.pilot_step(
+        move, ones, torch.zeros(2, 3), torch.ones(2), 1.0, 1, generator, max_iterations=10**6
     )
     assert iterations == adaptation.PILOT_MIN_BLOCK
-    # no warm-up, no pilot
-    none = adaptation.pilot_step(move, lambda x: 9.0, torch.zeros(2, 3), 0.2, 1, generator, max_iterations=0)
-    assert none == (0.2, 0.0, 0, 0.0)
+    # no warm-up, no pilot: the rule's step at the starts' stiffness
+    none = adaptation.pilot_step(
+        move, ones, torch.zeros(2, 3), torch.full((2,), 9.0), 9.0, 1, generator, max_iterations=0
+    )
+    assert none == (pytest.approx(adaptation.STEP_TARGET / 9.0), 9.0, 9.0, 0, 0.0)
 
 
 # ----------------------------------------------------------------------------------- in the kernels
@@ -446,7 +472,7 @@ def cubic_model(y):
 
 
 @pytest.mark.parametrize("comm_prob", [1.0, 0.5])  # the stiffness of U / b, or the stiffest client's
-def test_the_stiffness_is_the_largest_at_the_mode_and_at_draws_of_the_laplace_approximation(comm_prob):
+def test_the_stiffness_is_measured_at_the_mode_and_at_draws_of_the_laplace_approximation(comm_prob):
     y = torch.tensor([0.8, 1.3, 0.6, 1.1, 1.2, 0.9])
     # full local batches: exact gradients, so that the step is the stiffness's alone
     kernel = FaldKernel(cubic_model, 2, comm_prob=comm_prob, gradient_mode="traced", batch_size="full")
@@ -464,7 +490,10 @@ def test_the_stiffness_is_the_largest_at_the_mode_and_at_draws_of_the_laplace_ap
         per_point = adaptation.client_stiffness(gradients, points, root, 1)[0][:, 0] / pot.num_clients
     else:
         per_point = adaptation.client_stiffness(pot.full_gradient_fn, points, root, 2)[0].max(-1).values
-    assert chosen.stiffness == pytest.approx(float(per_point.max()), rel=1e-12)
+    # the step is set for the typical points' stiffness, kept stable at the mode's too
+    largest = float(per_point.max())
+    assert chosen.largest_stiffness == pytest.approx(largest, rel=1e-12)
+    assert chosen.stiffness == pytest.approx(adaptation.step_stiffness(per_point[1:], largest), rel=1e-12)
     # the curvature (about 9 N w^4) varies across the typical points: a draw |z| > 0.15 sd from the mode
     # moves it by more than 5% (all four closer has probability ~2e-4), so the mode alone would differ
     assert float(per_point.max() - per_point.min()) > 0.05 * float(per_point.max())
@@ -485,8 +514,10 @@ def test_the_pilot_runs_within_the_warm_up_and_checks_the_step_where_the_draws_g
     # the same mode and typical points; the pilot runs at most the warm-up's 10 x 3 iterations
     assert torch.equal(pilot.typical_points, without.typical_points)
     assert 0 < pilot.pilot_iterations <= 30
-    # the stiffness it keeps is the largest it met, the typical points' included, and sets the step
-    assert pilot.stiffness >= without.stiffness
+    # the largest stiffness it keeps is the largest it met, the typical points' included; the step is the
+    # rule's for the stiffness it is set for
+    assert pilot.largest_stiffness >= without.largest_stiffness
+    assert pilot.stiffness >= adaptation.STEP_TARGET / adaptation.STABLE_PRODUCT * pilot.largest_stiffness
     assert pilot.step_size == pytest.approx(adaptation.STEP_TARGET / pilot.stiffness)
     # every pilot iteration is a round per particle (every client uploads its gradient at 4 points)
     assert pilot.rounds >= without.rounds + 4 * pilot.pilot_iterations
