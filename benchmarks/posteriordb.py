@@ -518,9 +518,14 @@ def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
     names = list(dict.fromkeys(row["posterior"] for row in rows))
     rows = add_ratios(sorted(rows, key=lambda r: (names.index(r["posterior"]), SAMPLERS.index(r["sampler"]))))
     info = dict(parts[0]["info"])
+    # a merged table merged again keeps its runs' commands, already shortened
+    commands = [
+        part["info"]["command"] if part["info"].get("parts", 1) > 1 else f"`{short(part['info']['command'])}`"
+        for part in parts
+    ]
     info.update(
-        command="; ".join(f"`{short(part['info']['command'])}`" for part in parts),
-        parts=len(parts),
+        command="; ".join(commands),
+        parts=sum(part["info"].get("parts", 1) for part in parts),
         posteriors=names,
         planned=names,
         wall_seconds=max(part["info"]["wall_seconds"] for part in parts),
