@@ -295,3 +295,9 @@ def test_a_hierarchical_posterior_gets_the_preconditioner_of_its_draws():
     chains = torch.as_tensor(kernel.runner.buffer.all_draws(0)).reshape(-1, pot.dim)
     for point in kernel.adaptation.typical_points:
         assert bool((chains == point).all(-1).any())
+    # the step is set for the stiffness where the draws are, several times below the largest met (the mode
+    # and tau's right tail: 4.7 times here), and keeps that largest stable; the draws above are as accurate
+    final = kernel.adaptation
+    assert final.largest_stiffness > 2 * final.stiffness
+    assert final.step_size == pytest.approx(adaptation.STEP_TARGET / final.stiffness)
+    assert final.step_size * final.largest_stiffness <= adaptation.STABLE_PRODUCT * (1 + 1e-12)
