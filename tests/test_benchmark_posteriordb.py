@@ -185,6 +185,20 @@ def test_harness_rows_at_a_tiny_size(harness, tmp_path):
     assert [(r["posterior"], r["sampler"]) for r in merged] == [(r["posterior"], r["sampler"]) for r in rows]
     assert merged[2]["seconds"] == 2 * rows[2]["seconds"] and merged[3]["seconds"] == rows[3]["seconds"]
     assert "Written by 2 runs" in (tmp_path / "m" / "posteriordb.md").read_text()
+    # a merged table merged again keeps its runs' commands as they were shortened, and counts its runs
+    harness.main(
+        [
+            "--merge",
+            str(tmp_path / "m" / "posteriordb.json"),
+            str(tmp_path / "again.json"),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    text = (tmp_path / "posteriordb.md").read_text()
+    # the three runs' commands and the merge's
+    assert "Written by 3 runs" in text and text.count("`python benchmarks/posteriordb.py") == 3 + 1
+    assert "posteriors> posteriors>" not in text
 
 
 def test_a_crash_is_a_row(harness, monkeypatch):
