@@ -22,8 +22,8 @@ compiled falls back to the next mode with one warning saying why.
 A traced graph is first simplified (:func:`simplified`): a model's trace holds many operations that change
 nothing (views and expansions to the shape a tensor already has) or depend on no input (its prior's constant
 terms, scalars turned into tensors, the data's fixed gathers), and a traced call pays a few microseconds for
-each: a posteriordb regression's iteration loses a third of its 210 operations, and its traced run about a
-tenth of its time, with the same values to the bit.
+each: a posteriordb regression's iteration loses a third of its 210 operations, and a run of FALD on it
+(traced: too short to pay for a compilation) a fifth of its time, with the same values to the bit.
 """
 
 from __future__ import annotations
