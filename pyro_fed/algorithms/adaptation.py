@@ -335,6 +335,7 @@ def client_stiffness(
     tolerance: float = 1e-3,
     start: torch.Tensor | None = None,
     products: Callable | None = None,
+    everywhere: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, int, torch.Tensor]:
     r"""The stiffness :math:`\lambda^i(x) = \max |\mathrm{eig}(R^\top \nabla^2 U^i(x) R)|` of every client at
     each of ``points`` (``[P, d]``), ``[P, b]``, where ``root`` is :math:`R` (:func:`square_root` of the
@@ -348,7 +349,9 @@ def client_stiffness(
     of the Krylov space built so far, whose largest magnitude rises to the stiffness; it stops when none
     moves by more than ``tolerance`` (relative) in an iteration, or the space is the whole one. The
     extreme eigenvalues of a Hessian whose spectrum is clustered (a well-conditioned posterior's) take a
-    power iteration hundreds of products and Lanczos a few.
+    power iteration hundreds of products and Lanczos a few. Where the clients are held in several places,
+    ``everywhere`` (:meth:`~pyro_fed.network.base.Network.everywhere`) makes that stop a decision of all of
+    them: each client's estimate then has the same iterations however the clients are split.
 
     **Reference:** Golub & Van Loan, *Matrix Computations*, 4th ed., Section 10.1.
     """
@@ -381,7 +384,8 @@ def client_stiffness(
         vector = (extreme[..., None] * stacked).sum(-2)
         converged = (estimate - previous).abs() <= tolerance * estimate
         exhausted = norm <= 1e-10 * estimate.clamp_min(1e-300)  # an invariant subspace: exact
-        if done > 1 and bool((converged | exhausted).all()):
+        stop = (converged | exhausted).all().reshape(1)
+        if done > 1 and bool((stop if everywhere is None else everywhere(stop)).all()):
             break
         betas.append(norm)
         basis.append(product / norm[..., None].clamp_min(1e-300))

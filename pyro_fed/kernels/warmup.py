@@ -354,9 +354,10 @@ def _stiffness(
         # each power iteration is a round per point: the server sends a direction, the clients upload their
         # Hessian-vector products
         return largest[:, 0] / clients_per_step, clients_per_step, iterations * len(points), vector
-    # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats)
+    # each client's stiffness is computed locally and uploaded as one number (not counted: not d floats); the
+    # holders stop together, so that every client's estimate is the same however the clients are held
     largest, _, vector = adaptation.client_stiffness(
-        pot.full_gradient_fn, points, root, pot.num_clients, **options
+        pot.full_gradient_fn, points, root, pot.num_clients, everywhere=pot.network.everywhere, **options
     )
     return pot.network.maximum(largest), pot.network.num_clients, 0, vector
 
