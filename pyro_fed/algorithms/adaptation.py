@@ -463,8 +463,9 @@ def pilot_step(
 
     def rule(step: float) -> tuple[float, float]:
         typical = step_stiffness(torch.cat(values), largest)
-        # a flat potential bounds no step
-        return (step_size(typical, noise, clients_per_step) if typical > 0 else step), typical
+        # a flat potential with exact gradients bounds no step
+        bounded = typical > 0 or noise > 0
+        return (step_size(typical, noise, clients_per_step) if bounded else step), typical
 
     iterations, elapsed, x = 0, 0.0, points.clone()
     step, typical = rule(float("inf"))

@@ -105,7 +105,7 @@ def adapt(
     at_points, clients_per_step, stiffness_rounds, _ = _stiffness(
         pot, sampler, torch.cat([mode[None], points]), root
     )
-    # the step is set for the typical points' average stiffness, kept stable at the mode's too
+    # the step is set for the typical points' root mean square stiffness, kept stable at the mode's too
     largest = float(at_points.max())
     stiffness = adaptation.step_stiffness(at_points[1:], largest)
     rounds += stiffness_rounds
@@ -120,7 +120,7 @@ def adapt(
         # the pilot's budget is per iteration of a draw: the thinning of the step before the pilot
         draws = adaptation.thinning_for(client_step / clients_per_step, slowest)
         client_step, stiffness, largest, pilot_rounds, pilot_iterations, pilot_time = _pilot(
-            pot, sampler, points, at_points[1:], largest, root, clients_per_step, generator,
+            pot, sampler, points, at_points[1:], largest, root, client_step, clients_per_step, generator,
             math.ceil(max_pilot_iterations * (sampler.thinning or draws)), noise,
         )  # fmt: skip
         rounds += pilot_rounds
@@ -239,13 +239,15 @@ def _warn_blind(sampler: Sampler, consequence: str) -> None:
 
 
 def _pilot(
-    pot, sampler: Sampler, points, measured, largest, root, clients_per_step, generator, max_iterations, noise
-):
+    pot, sampler: Sampler, points, measured, largest, root, step, clients_per_step, generator, max_iterations,
+    noise,
+):  # fmt: skip
     """The step after the pilot run from the typical ``points`` (:func:`~pyro_fed.algorithms.adaptation.
-    pilot_step`; ``measured``: their stiffness, ``largest``: the largest with the mode's), the stiffness
-    it is set for, the largest measured, the rounds of uploads it cost, its iterations and the Langevin time
-    they covered. Its iterations run on the engine of the chains
-    (:mod:`pyro_fed.engine.chunk_engine`), compiled when at least ``PILOT_COMPILE_ITERATIONS`` are planned."""
+    pilot_step`; ``measured``: their stiffness, ``largest``: the largest with the mode's, ``step``: the rule's
+    for them, which plans the pilot's iterations), the stiffness it is set for, the largest measured, the
+    rounds of uploads it cost, its iterations and the Langevin time they covered. Its iterations run on the
+    engine of the chains (:mod:`pyro_fed.engine.chunk_engine`), compiled when at least
+    ``PILOT_COMPILE_ITERATIONS`` are planned."""
     stiffness_rounds, directions = [0], [None]
 
     def iteration(state, inputs, constants):
@@ -254,7 +256,6 @@ def _pilot(
 
     mode = sampler.gradient_mode if pot.gradients.vectorized else "eager"
     if mode == "auto":  # decided from the iterations planned, not from timings: the same choice every run
-        step = adaptation.step_size(adaptation.step_stiffness(measured, largest), noise, clients_per_step)
         planned = adaptation.PILOT_CHECKS * math.ceil(
             adaptation.PILOT_DURATION * clients_per_step / (adaptation.PILOT_CHECKS * step)
         )
@@ -330,7 +331,7 @@ def _preconditioner(pot, mode: torch.Tensor, given, form: str):
 
 def _stiffness(
     pot, sampler: Sampler, points: torch.Tensor, root: torch.Tensor, **options
-) -> tuple[float, int, int, torch.Tensor]:
+) -> tuple[torch.Tensor, int, int, torch.Tensor]:
     """The stiffness that bounds the step at each of ``points`` (``[P]``); the clients per step it is for
     (``adaptation.step_size``'s ``num_clients``); the rounds of uploads it cost; and the power iteration's
     last directions (``options`` go to :func:`~pyro_fed.algorithms.adaptation.client_stiffness`)."""

@@ -327,6 +327,19 @@ def test_the_pilot_keeps_the_step_on_a_gaussian_and_stops_at_its_iteration_budge
         move, ones, torch.zeros(2, 3), torch.full((2,), 9.0), 9.0, 1, generator, max_iterations=0
     )
     assert none == (pytest.approx(adaptation.STEP_TARGET / 9.0), 9.0, 9.0, 0, 0.0)
+    # a potential flat where it was measured, with gradient noise: the noise alone bounds the step
+    flat = adaptation.pilot_step(
+        move,
+        lambda x: torch.zeros(len(x)),
+        torch.zeros(2, 3),
+        torch.zeros(2),
+        0.0,
+        1,
+        generator,
+        max_iterations=0,
+        noise=4.0,
+    )
+    assert flat[0] == pytest.approx(adaptation.step_size(0.0, 4.0, 1)) and flat[1:3] == (0.0, 0.0)
 
 
 # ----------------------------------------------------------------------------------- in the kernels
