@@ -1,5 +1,7 @@
-"""The traced graph's simplification: what computes nothing is removed, the values kept to the bit."""
+"""The traced graph's simplification (what computes nothing is removed) and its interpretation by
+TorchScript: the values kept to the bit."""
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -35,7 +37,7 @@ def test_a_simplified_graph_computes_the_same_bits_with_fewer_operations():
         assert torch.equal(simplified(y), wasteful(y)) and torch.equal(simplified(y), traced(y))
 
 
-def test_random_draws_and_graphs_that_mutate_are_not_folded():
+def test_random_draws_and_constants_written_in_place_are_not_folded():
     def noisy(x):
         return x + torch.randn(3)  # a draw of constants alone: it must stay a draw
 
@@ -50,6 +52,83 @@ def test_random_draws_and_graphs_that_mutate_are_not_folded():
     simplified = prepare_module.simplified(make_fx(accumulates)(torch.zeros(3)))
     first, second = simplified(torch.ones(3)), simplified(torch.ones(3))
     assert torch.equal(first, torch.ones(3)) and torch.equal(second, torch.ones(3))
+
+
+def test_a_graph_writing_its_own_intermediate_in_place_still_folds_its_constants():
+    def clipped(x):
+        # the constant offset is folded; the sum, written in place (as a log-density's support mask is),
+        # and the view of it stay computed at each call
+        y = x + torch.ones(3) * 2.0
+        y.view(3).masked_fill_(y > 4.0, 0.0)
+        return y
+
+    traced = make_fx(clipped)(torch.zeros(3))
+    before = operations(traced)
+    simplified = prepare_module.simplified(make_fx(clipped)(torch.zeros(3)))
+    assert operations(simplified) <= before - 2
+    for value in ([0.0, 1.0, 3.0], [5.0, -1.0, 2.5]):
+        x = torch.tensor(value)
+        assert torch.equal(simplified(x), clipped(x)) and torch.equal(simplified(x), clipped(x))
+
+
+def iteration(x, noise):
+    # an iteration as the kernels trace one: arithmetic, reductions, a select and an in-place write
+    step = x - 0.1 * torch.tanh(x) * x.pow(2).sum(-1, keepdim=True) + noise
+    step.masked_fill_(step.abs() > 1e3, 0.0)
+    return torch.where(torch.isfinite(step), step, x), step.mean()
+
+
+def test_a_traced_function_runs_in_torchscript_with_the_graphs_bits():
+    x = torch.randn(4, 10, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    noise = torch.randn(4, 10, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    prepared = prepare_module.prepare(iteration, (x, noise), "traced", what="a test iteration")
+    assert prepared.mode == "traced" and prepared.interpreted is not None
+    for _ in range(5):  # past the executor's profiling calls, chained as the kernels chain iterations
+        (expected, mean), (got, got_mean) = prepared.function(x, noise), prepared(x, noise)
+        assert torch.equal(got, expected) and torch.equal(got_mean, mean)
+        x = got
+    # the inputs the checks ran on were copies
+    assert torch.equal(
+        noise, torch.randn(4, 10, 7, generator=torch.Generator().manual_seed(1), dtype=noise.dtype)
+    )
+
+
+def test_a_prepared_function_called_while_another_is_traced_is_traced_through():
+    x, noise = torch.ones(2, 3), torch.zeros(2, 3)
+    prepared = prepare_module.prepare(iteration, (x, noise), "traced", what="a test iteration")
+    outer = make_fx(lambda x, noise: prepared(x, noise)[0] * 2.0)(x, noise)
+    # the outer graph holds the inner one's ATen operations, not a call of the TorchScript module
+    assert all(
+        node.target is not prepared.interpreted and "jit" not in str(node.target)
+        for node in outer.graph.nodes
+    )
+    assert operations(outer) > 5
+    assert torch.equal(outer(x, noise), iteration(x, noise)[0] * 2.0)
+
+
+def test_a_graph_writing_a_constant_in_place_is_neither_folded_nor_interpreted():
+    counts = torch.zeros(3)  # state kept across calls in a tensor the function closes over
+
+    def counting(x):
+        counts.add_(1.0)
+        return x + counts * 2.0
+
+    module = prepare_module.simplified(make_fx(counting)(torch.zeros(3)))
+    # every call sees the count its predecessors left: nothing computed from it was folded
+    assert torch.equal(module(torch.zeros(3)), torch.full((3,), 4.0))
+    assert torch.equal(module(torch.zeros(3)), torch.full((3,), 6.0))
+    # the checks' calls would change it: the graph runs as it is
+    assert prepare_module.interpreted(module, (torch.zeros(3),)) is None
+    assert torch.equal(counts, torch.full((3,), 3.0))
+    # eager functions are not interpreted
+    x = (torch.ones(3), torch.zeros(3))
+    assert prepare_module.prepare(iteration, x, "eager", what="a test iteration").interpreted is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphs_on_the_gpu_are_not_interpreted():
+    x = (torch.ones(3, device="cuda"), torch.zeros(3, device="cuda"))
+    assert prepare_module.prepare(iteration, x, "traced", what="a test iteration").interpreted is None
 
 
 def test_large_results_of_constants_are_computed_at_each_call_not_kept():
