@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .base import Algorithm
+from .dispersion import held_moments, mean_and_dispersion
 from .langevin import langevin_step, scale_step
 
 #: the factor by which :func:`consensus_analysis` shrinks a step that misses its targets, and how many
@@ -275,13 +276,13 @@ class Dula(Algorithm):
         return state.clients
 
     def summary(self, state):
-        held = {"moments": self.network.moments(state.clients)}
+        held = {"moments": held_moments(state.clients)}
         if self.record_agents:
             held["agents"] = state.clients
         return held
 
     def report(self, summaries):
-        mean, dispersion = self.network.combine_moments(summaries["moments"])
+        mean, dispersion = mean_and_dispersion(summaries["moments"], self.network)
         stats = {"position": mean, "consensus_error": dispersion}
         if self.record_agents:
             stats["agents"] = summaries["agents"]

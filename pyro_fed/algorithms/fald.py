@@ -34,6 +34,7 @@ import torch
 
 from . import traffic
 from .base import Algorithm
+from .dispersion import held_moments, mean_and_dispersion
 from .langevin import client_noise, langevin_step
 
 
@@ -167,10 +168,10 @@ class Fald(Algorithm):
         return state.clients
 
     def summary(self, state):
-        return {"moments": self.network.moments(state.clients)}
+        return {"moments": held_moments(state.clients)}
 
     def report(self, summaries):
-        mean, dispersion = self.network.combine_moments(summaries["moments"])
+        mean, dispersion = mean_and_dispersion(summaries["moments"], self.network)
         return {"position": mean, "dispersion": dispersion}
 
     def traffic(self, coins):

@@ -9,8 +9,8 @@ a result is the same on every holder.
 Three kinds of operation:
 
 - **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.sums`, :meth:`~Network.average`,
-  :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.moments`,
-  :meth:`~Network.dispersion`, :meth:`~Network.everywhere`, :meth:`~Network.mix`):
+  :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.stacked`,
+  :meth:`~Network.everywhere`, :meth:`~Network.maximum`, :meth:`~Network.mix`):
   pure functions of tensors, which run inside a traced or compiled iteration and count nothing;
 - **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
   :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
@@ -94,22 +94,10 @@ class Network:
         averaged = self.broadcast(self.average(clients), clients.shape[-2])
         return torch.where(communicate[:, None, None], averaged, clients)
 
-    def moments(self, clients: torch.Tensor) -> torch.Tensor:
-        """What the clients held here contribute to the mean and the dispersion of all clients (``[..., b,
-        d]`` -> ``[..., m]``, the leading axes kept), computed without meeting: :meth:`combine_moments`
-        turns the contributions of one iteration, or of a whole chunk stacked, into the moments with one
-        meeting."""
+    def stacked(self, part: torch.Tensor) -> torch.Tensor:
+        """Every holder's ``part`` (the same shape on each), stacked in holder order: ``[W, ...]`` for ``W``
+        holders of clients (``[1, ...]`` in one process)."""
         raise NotImplementedError
-
-    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""The clients' mean :math:`\bar X` (``[..., d]``) and dispersion :math:`V = \frac1b \sum_i \|X^i
-        - \bar X\|^2` (``[...]``) from the :meth:`moments` of the held clients (``[..., m]``)."""
-        raise NotImplementedError
-
-    def dispersion(self, clients: torch.Tensor) -> torch.Tensor:
-        r""":math:`V = \frac1b \sum_i \|X^i - \bar X\|^2` per chain: how far the clients are from their
-        average (FALD's ``dispersion``, D-ULA's ``consensus_error``)."""
-        return self.combine_moments(self.moments(clients))[1]
 
     def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """The largest over all clients of ``values``, whose axis ``dim`` holds the clients (``-1`` for

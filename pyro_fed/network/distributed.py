@@ -164,25 +164,8 @@ class TorchDistributedNetwork(Network):
         # the minimum of 0/1 over the ranks is exact
         return self._all_reduce(flags.to(torch.int32), "min").bool()
 
-    def moments(self, clients: torch.Tensor) -> torch.Tensor:
-        # this rank's sum of its clients and sum of their squared deviations from its own mean: combined
-        # as Chan, Golub and LeVeque's pairwise update does (combine_moments)
-        total = clients.sum(-2)
-        squares = (clients - (total / clients.shape[-2]).unsqueeze(-2)).square().sum((-2, -1))
-        return torch.cat([total, squares.unsqueeze(-1)], -1)
-
-    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # one collective: sum_i |x_i - m|^2 = sum_r (M2_r + n_r |m_r - m|^2), with m_r = S_r / n_r and
-        # m = sum_r S_r / b
-        gathered = self._all_gather(parts.unsqueeze(0))  # [W, ..., d + 1]
-        totals, squares = gathered[..., :-1], gathered[..., -1]
-        shape = (-1, *[1] * (totals.dim() - 1))
-        sizes = torch.tensor(
-            [s.stop - s.start for s in blocks(self.num_clients, self.world_size)], dtype=parts.dtype
-        ).to(parts.device)
-        mean = totals.sum(0) / self.num_clients
-        between = (sizes.view(shape) * (totals / sizes.view(shape) - mean).square()).sum(-1).sum(0)
-        return mean, (squares.sum(0) + between) / self.num_clients
+    def stacked(self, part: torch.Tensor) -> torch.Tensor:
+        return self._all_gather(part.unsqueeze(0))
 
     def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
         # a neighbour exchange in one all-to-all: each rank sends every other rank the agents that the

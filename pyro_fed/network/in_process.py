@@ -37,14 +37,8 @@ class InProcessNetwork(Network):
     def maximum(self, values: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return values.amax(dim)
 
-    def moments(self, clients: torch.Tensor) -> torch.Tensor:
-        # every client is here: the mean and the dispersion themselves, side by side
-        mean = clients.mean(-2)
-        dispersion = (clients - mean.unsqueeze(-2)).square().sum(-1, keepdim=True).mean(-2)
-        return torch.cat([mean, dispersion], -1)
-
-    def combine_moments(self, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return parts[..., :-1], parts[..., -1]
+    def stacked(self, part: torch.Tensor) -> torch.Tensor:
+        return part.unsqueeze(0)
 
     def everywhere(self, flags: torch.Tensor) -> torch.Tensor:
         return flags

@@ -2,6 +2,7 @@ import numpy as np
 import torch
 
 from pyro_fed.algorithms import traffic
+from pyro_fed.algorithms.dispersion import dispersion, held_moments, mean_and_dispersion
 from pyro_fed.network.in_process import InProcessNetwork
 
 
@@ -16,7 +17,33 @@ def test_average_broadcast_and_select():
     torch.testing.assert_close(selected[0], mean[0].expand(4, 3))
     torch.testing.assert_close(selected[1], uploads[1])
     spread = (uploads - mean[:, None]).square().sum(-1).mean(-1)
-    torch.testing.assert_close(network.dispersion(uploads), spread)
+    torch.testing.assert_close(dispersion(uploads, network), spread)
+
+
+class TwoHolders(InProcessNetwork):
+    """Clients 0-2 and 3-6 held in two places: ``stacked`` returns both holders' parts, given ahead."""
+
+    parts: torch.Tensor
+
+    def stacked(self, part):
+        return self.parts
+
+    def holdings(self, num_clients):
+        return [slice(0, 3), slice(3, num_clients)]
+
+
+def test_the_holders_moments_combine_into_every_clients_mean_and_dispersion():
+    clients = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    network = TwoHolders(num_clients=7, dim=3, num_chains=2)
+    network.parts = torch.stack([held_moments(clients[:, :3]), held_moments(clients[:, 3:])])
+    mean, spread = mean_and_dispersion(network.parts[0], network)
+    torch.testing.assert_close(mean, clients.mean(1), rtol=1e-14, atol=1e-14)
+    expected = (clients - clients.mean(1, keepdim=True)).square().sum(-1).mean(-1)
+    torch.testing.assert_close(spread, expected, rtol=1e-14, atol=1e-14)
+    # one holder: its own moments, to the bit
+    one = InProcessNetwork(num_clients=7, dim=3, num_chains=2)
+    mean, spread = mean_and_dispersion(held_moments(clients), one)
+    assert torch.equal(mean, clients.mean(1)) and torch.equal(spread, held_moments(clients)[..., -1])
 
 
 def test_bits_counted_from_host_coins():

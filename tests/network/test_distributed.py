@@ -14,6 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyro_fed.algorithms import dula, fald, qlsd
+from pyro_fed.algorithms.dispersion import dispersion
 from pyro_fed.data.partition import iid, to_index_lists
 from pyro_fed.engine.compile import prepare
 from pyro_fed.network.base import held_finite
@@ -89,7 +90,7 @@ def run_fald(network, held, num_clients, iterations=ITERATIONS, preparing=eager)
     def iteration(clients, noise, communicate):
         new = fald.step(fald.FaldState(clients), grads, noise, communicate, network, step_size=step_size)[0]
         new = torch.where(network.everywhere(held_finite((new,)))[:, None, None], new, clients)
-        return new, network.dispersion(new)
+        return new, dispersion(new, network)
 
     clients = fald.init(r["start"], held.stop - held.start).clients
     run = preparing(iteration, (clients, r["noise"][0][:, held], r["communicate"][0]))
@@ -174,7 +175,7 @@ def operations(network, held, num_clients):
         "maximum": network.maximum(scalars[:, held]),
         "broadcast": network.broadcast(server, held.stop - held.start),
         "average_where": network.average_where(torch.tensor([True, False]), here),
-        "dispersion": network.dispersion(here),
+        "dispersion": dispersion(here, network),
         "finite": network.everywhere(held_finite((clients3[:, held], server3))),
         "mix_ring": network.mix(ring, here, beta),
         "mix_random": network.mix(random, here, beta),

@@ -23,7 +23,7 @@ class RecordingNetwork(InProcessNetwork):
         self.calls = set()
 
     def __getattribute__(self, name):
-        operations = ("sum", "sums", "average", "average_where", "moments", "everywhere", "mix", "maximum")
+        operations = ("sum", "sums", "average", "average_where", "stacked", "everywhere", "mix", "maximum")
         if name in (*operations, "held", "gather", "share"):
             object.__getattribute__(self, "calls").add(name)
         return object.__getattribute__(self, name)
@@ -48,27 +48,6 @@ class HalvesNetwork(InProcessNetwork):
         first, second = self._halves(values, dim)
         return torch.maximum(first.amax(dim), second.amax(dim))
 
-    def moments(self, clients):
-        # each half's sum and squared deviations from its mean, side by side
-        parts = []
-        for half in self._halves(clients, -2):
-            total = half.sum(-2)
-            parts += [
-                total,
-                (half - (total / half.shape[-2]).unsqueeze(-2)).square().sum((-2, -1))[..., None],
-            ]
-        return torch.cat(parts, -1)
-
-    def combine_moments(self, parts):
-        dim = parts.shape[-1] // 2 - 1
-        halves = (parts[..., : dim + 1], parts[..., dim + 1 :])
-        sizes = (self.num_clients // 2, self.num_clients - self.num_clients // 2)
-        mean = (halves[0][..., :dim] + halves[1][..., :dim]) / self.num_clients
-        between = sum(
-            n * (h[..., :dim] / n - mean).square().sum(-1) for n, h in zip(sizes, halves, strict=True)
-        )
-        return mean, (halves[0][..., dim] + halves[1][..., dim] + between) / self.num_clients
-
     def mix(self, graph, agents, consensus_size):
         laplacian = graph.laplacian.to(agents)
         half = self.num_clients // 2
@@ -79,11 +58,11 @@ class HalvesNetwork(InProcessNetwork):
 KERNELS = {
     "FALD": (
         lambda **kw: FaldKernel(logistic_model, NUM_CLIENTS, comm_prob=0.5, batch_size=4, **kw),
-        {"average", "everywhere", "moments"},
+        {"average", "everywhere", "stacked"},
     ),
     "VR-FALD*": (
         lambda **kw: VrFaldKernel(logistic_model, NUM_CLIENTS, batch_size=4, refresh_prob=0.2, **kw),
-        {"average", "everywhere", "moments"},
+        {"average", "everywhere", "stacked"},
     ),
     "QLSD++": (
         lambda **kw: QlsdKernel(
@@ -91,8 +70,8 @@ KERNELS = {
         ),
         {"sums", "everywhere"},
     ),
-    "D-ULA": (lambda **kw: DulaKernel(logistic_model, NUM_CLIENTS, **kw), {"mix", "moments", "everywhere"}),
-    "SGLD": (lambda **kw: SgldKernel(logistic_model, batch_size=4, **kw), {"moments", "everywhere"}),
+    "D-ULA": (lambda **kw: DulaKernel(logistic_model, NUM_CLIENTS, **kw), {"mix", "stacked", "everywhere"}),
+    "SGLD": (lambda **kw: SgldKernel(logistic_model, batch_size=4, **kw), {"stacked", "everywhere"}),
 }
 
 
