@@ -195,6 +195,15 @@ def disagreement(
     return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
 
 
+def mix(agents: torch.Tensor, network, graph, consensus_size: torch.Tensor) -> torch.Tensor:
+    r"""One round of neighbour exchange: :math:`w_i - \beta \sum_j a_{ij} (w_i - w_j)` for the held agents
+    ``[..., b_h, d]``, i.e. their rows of :math:`((I - \beta L) \otimes I_d)\, w`, all agents' old values
+    read (a simultaneous update). The held agents' rows of :math:`L` read only them and their neighbours,
+    which the network brings (:meth:`~pyro_fed.network.base.Network.neighbours`)."""
+    rows = graph.laplacian[network.held(graph.num_agents)][:, network.neighbour_agents(graph)]
+    return agents - consensus_size * (rows.to(agents) @ network.neighbours(graph, agents))
+
+
 def step(
     state: DulaState,
     gradients: Callable[[torch.Tensor], torch.Tensor],
@@ -219,7 +228,7 @@ def step(
     n = network.num_clients  # all the agents, wherever they are held
     # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
     return DulaState(
-        langevin_step(network.mix(graph, w, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
+        langevin_step(mix(w, network, graph, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
     )
 
 

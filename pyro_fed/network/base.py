@@ -10,7 +10,7 @@ Three kinds of operation:
 
 - **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.sums`, :meth:`~Network.average`,
   :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.stacked`,
-  :meth:`~Network.everywhere`, :meth:`~Network.maximum`, :meth:`~Network.mix`):
+  :meth:`~Network.everywhere`, :meth:`~Network.maximum`, :meth:`~Network.neighbours`):
   pure functions of tensors, which run inside a traced or compiled iteration and count nothing;
 - **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
   :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
@@ -109,9 +109,16 @@ class Network:
         clients."""
         raise NotImplementedError
 
-    def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
-        """One round of neighbour exchange over ``graph`` (:meth:`~pyro_fed.network.graphs.Graph.mix`):
-        each agent of ``agents`` (``[..., n, d]``) moves toward its neighbours by ``consensus_size``."""
+    def neighbours(self, graph, agents: torch.Tensor) -> torch.Tensor:
+        """One round of neighbour exchange over ``graph`` (a :class:`~pyro_fed.network.graphs.Graph`): the
+        held agents ``[..., b_h, d]`` followed by the agents of other holders that are neighbours of a held
+        one, ``[..., m, d]``, in the order :meth:`neighbour_agents` gives. What the agents do with them is
+        the algorithm's (D-ULA's mixing, :func:`~pyro_fed.algorithms.dula.mix`)."""
+        raise NotImplementedError
+
+    def neighbour_agents(self, graph) -> torch.Tensor:
+        """Host-side: the global indices ``[m]`` of the agents :meth:`neighbours` returns, in its order (the
+        held agents first). The same for every call with ``graph``."""
         raise NotImplementedError
 
     # ------------------------------------------------------------- set-up

@@ -109,7 +109,7 @@ class TorchDistributedNetwork(Network):
         self.world_size = dist.get_world_size(self.group)
         self.ordered = bool(ordered)
         self.remote = self.world_size > 1
-        self._exchanges: dict[int, _Exchange] = {}  # mix's, by graph
+        self._exchanges: dict[int, _Exchange] = {}  # neighbours', by graph
         # the fault reports of this network's runs go under keys of their own in the group's store, apart
         # from those of another network on the same group: rank 0 numbers the network, and tells the others
         joined = [self._store().add(f"{_KEYS}/networks", 1) if self.rank == 0 else None]
@@ -167,15 +167,16 @@ class TorchDistributedNetwork(Network):
     def stacked(self, part: torch.Tensor) -> torch.Tensor:
         return self._all_gather(part.unsqueeze(0))
 
-    def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
-        # a neighbour exchange in one all-to-all: each rank sends every other rank the agents that the
-        # rows of the Laplacian of its agents read (for a ring, the two at its block's ends), then
-        # multiplies its rows by its own agents and those received
+    def neighbours(self, graph, agents: torch.Tensor) -> torch.Tensor:
+        # one all-to-all: each rank sends every other rank those of its agents that neighbour the other's
+        # (for a ring, the two at its block's ends)
         exchange = self._exchange(graph)
         rows = agents.movedim(-2, 0)  # the all-to-all splits its first axis
         received = self._all_to_all(rows[exchange.send], exchange.receive_sizes, exchange.send_sizes)
-        neighbours = torch.cat([rows, received]).movedim(0, -2)
-        return agents - consensus_size * (exchange.laplacian.to(agents) @ neighbours)
+        return torch.cat([rows, received]).movedim(0, -2)
+
+    def neighbour_agents(self, graph) -> torch.Tensor:
+        return self._exchange(graph).agents
 
     # ------------------------------------------------------------- set-up
     def held(self, num_clients: int) -> slice:
@@ -323,8 +324,8 @@ class TorchDistributedNetwork(Network):
         return _waited(funcol.all_reduce(tensor.contiguous(), operation, self.group))
 
     def _exchange(self, graph) -> _Exchange:
-        """Who sends which agents to whom in :meth:`mix` over ``graph`` (computed once per graph, the same on
-        every rank from the graph and the blocks)."""
+        """Who sends which agents to whom in :meth:`neighbours` over ``graph`` (computed once per graph, the
+        same on every rank from the graph and the blocks)."""
         cache = self._exchanges
         if id(graph) not in cache:
             held = blocks(self.num_clients, self.world_size)
@@ -340,13 +341,12 @@ class TorchDistributedNetwork(Network):
             others = [r for r in range(self.world_size) if r != self.rank]
             send = [wanted(r, self.rank) - mine.start for r in others]
             receive = [wanted(self.rank, r) for r in others]
-            columns = torch.cat([torch.arange(mine.start, mine.stop), *receive])
             sizes = {
                 r: (len(sending), len(receiving))
                 for r, sending, receiving in zip(others, send, receive, strict=True)
             }
             cache[id(graph)] = _Exchange(
-                laplacian=graph.laplacian[mine][:, columns],
+                agents=torch.cat([torch.arange(mine.start, mine.stop), *receive]),
                 send=torch.cat(send) if send else torch.zeros(0, dtype=torch.long),
                 send_sizes=[sizes.get(r, (0, 0))[0] for r in range(self.world_size)],
                 receive_sizes=[sizes.get(r, (0, 0))[1] for r in range(self.world_size)],
@@ -510,9 +510,9 @@ def join(
 
 
 class _Exchange(NamedTuple):
-    """A rank's part of a neighbour exchange (:meth:`TorchDistributedNetwork.mix`)."""
+    """A rank's part of a neighbour exchange (:meth:`TorchDistributedNetwork.neighbours`)."""
 
-    laplacian: torch.Tensor  #: the rows of its agents, on the columns of its agents then those received
+    agents: torch.Tensor  #: the global indices of its agents then of those received
     send: torch.Tensor  #: its agents (held indices) to send, to each other rank in rank order
     send_sizes: list[int]  #: how many to each rank
     receive_sizes: list[int]  #: how many from each rank

@@ -19,6 +19,8 @@ Bayesian learning*, NeurIPS 2020.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
 from .base import BITS_PER_FLOAT
@@ -54,7 +56,7 @@ class Graph:
         self.adjacency = adjacency
         self.num_agents = n
 
-    @property
+    @cached_property
     def laplacian(self) -> torch.Tensor:
         """:math:`L = \\Delta - A`, ``[n, n]``."""
         return torch.diag(self.adjacency.sum(1)) - self.adjacency
@@ -72,11 +74,6 @@ class Graph:
     def exchange_bits(self, dim: int) -> int:
         """Bits of one exchange: ``d`` floats along every directed edge."""
         return BITS_PER_FLOAT * dim * self.directed_edges
-
-    def mix(self, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
-        """:math:`((I - \\beta L) \\otimes I_d) w` for agents ``[..., n, d]`` (simultaneous update)."""
-        laplacian = self.laplacian.to(agents)
-        return agents - consensus_size * (laplacian @ agents)
 
 
 def connected_components(adjacency: torch.Tensor) -> list[list[int]]:

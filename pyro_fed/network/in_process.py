@@ -55,5 +55,8 @@ class InProcessNetwork(Network):
     def share(self, value):
         return value
 
-    def mix(self, graph, agents: torch.Tensor, consensus_size: torch.Tensor) -> torch.Tensor:
-        return graph.mix(agents, consensus_size)
+    def neighbours(self, graph, agents: torch.Tensor) -> torch.Tensor:
+        return agents  # every agent is held here
+
+    def neighbour_agents(self, graph) -> torch.Tensor:
+        return torch.arange(graph.num_agents)

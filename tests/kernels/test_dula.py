@@ -42,6 +42,16 @@ def test_a_dense_step_decays_as_a_matrix_step_and_its_root():
     torch.testing.assert_close(root @ root.T, 0.2 * factor_of * covariance)
 
 
+def test_mixing_is_simultaneous():
+    graph = make_graph("path", 3)
+    w = torch.tensor([[0.0], [3.0], [6.0]], dtype=torch.float64)
+    # w_i - beta sum_j a_ij (w_i - w_j) with every agent's old value
+    mixed = dula.mix(w, InProcessNetwork(), graph, torch.tensor(0.25))
+    torch.testing.assert_close(mixed, torch.tensor([[0.75], [3.0], [5.25]], dtype=torch.float64))
+    # the average is kept
+    assert mixed.mean() == pytest.approx(w.mean())
+
+
 def test_the_average_takes_an_exact_ula_step_with_the_same_noise():
     # 1^T L = 0: for any graph and beta, w_bar' = w_bar - alpha sum_i grad U_i(w_i) + sqrt(2 alpha) v_bar,
     # v_bar = mean_i sqrt(n) Z_i ~ N(0, I): at consensus (w_i = w_bar) this is centralized ULA, same noise

@@ -177,8 +177,8 @@ def operations(network, held, num_clients):
         "average_where": network.average_where(torch.tensor([True, False]), here),
         "dispersion": dispersion(here, network),
         "finite": network.everywhere(held_finite((clients3[:, held], server3))),
-        "mix_ring": network.mix(ring, here, beta),
-        "mix_random": network.mix(random, here, beta),
+        "mix_ring": dula.mix(here, network, ring, beta),
+        "mix_random": dula.mix(here, network, random, beta),
     }
 
 
@@ -206,9 +206,9 @@ def set_up(network, rank, world_size):
     }
 
 
-def sent_by_one_mix(network, held, graph):
+def sent_by_one_exchange(network, held, graph):
     before = network.sent_bytes
-    network.mix(graph, torch.zeros(CHAINS, held.stop - held.start, DIM), torch.tensor(0.1))
+    network.neighbours(graph, torch.zeros(CHAINS, held.stop - held.start, DIM))
     return network.sent_bytes - before
 
 
@@ -231,7 +231,7 @@ def two_ranks(rank, world_size, network):
         "qlsd": run_qlsd(network, held, CLIENTS),
         "dula_ring": run_dula(network, held, CLIENTS, ring),
         "dula_random": run_dula(network, held, CLIENTS, make_graph("erdos_renyi", CLIENTS, seed=1)),
-        "ring_bytes": sent_by_one_mix(network, held, ring),
+        "ring_bytes": sent_by_one_exchange(network, held, ring),
         "fald_traced": (
             run_fald(network, held, CLIENTS, TRACED, traced),
             run_fald(network, held, CLIENTS, TRACED),

@@ -23,16 +23,6 @@ def test_named_graphs_and_their_laplacians():
     assert make_graph("complete", 1).lambda_max == 0.0
 
 
-def test_mixing_is_simultaneous():
-    graph = make_graph("path", 3)
-    w = torch.tensor([[0.0], [3.0], [6.0]], dtype=torch.float64)
-    # w_i - beta sum_j a_ij (w_i - w_j) with every agent's old value
-    mixed = graph.mix(w, 0.25)
-    torch.testing.assert_close(mixed, torch.tensor([[0.75], [3.0], [5.25]], dtype=torch.float64))
-    # the average is kept
-    assert mixed.mean() == pytest.approx(w.mean())
-
-
 @pytest.mark.parametrize(
     "adjacency, match",
     [

@@ -23,7 +23,16 @@ class RecordingNetwork(InProcessNetwork):
         self.calls = set()
 
     def __getattribute__(self, name):
-        operations = ("sum", "sums", "average", "average_where", "stacked", "everywhere", "mix", "maximum")
+        operations = (
+            "sum",
+            "sums",
+            "average",
+            "average_where",
+            "stacked",
+            "everywhere",
+            "neighbours",
+            "maximum",
+        )
         if name in (*operations, "held", "gather", "share"):
             object.__getattribute__(self, "calls").add(name)
         return object.__getattribute__(self, name)
@@ -31,7 +40,8 @@ class RecordingNetwork(InProcessNetwork):
 
 class HalvesNetwork(InProcessNetwork):
     """The clients held in two halves: every reduction is each half's, combined, as two processes holding
-    half the clients each would compute it; the neighbour exchange reads the neighbours' rows."""
+    half the clients each would compute it (a neighbour exchange brings D-ULA's agents their neighbours:
+    here, all the agents, as in one process)."""
 
     def _halves(self, values, dim):
         half = self.num_clients // 2
@@ -47,12 +57,6 @@ class HalvesNetwork(InProcessNetwork):
     def maximum(self, values, dim=-1):
         first, second = self._halves(values, dim)
         return torch.maximum(first.amax(dim), second.amax(dim))
-
-    def mix(self, graph, agents, consensus_size):
-        laplacian = graph.laplacian.to(agents)
-        half = self.num_clients // 2
-        rows = (slice(0, half), slice(half, None))
-        return torch.cat([agents[..., r, :] - consensus_size * (laplacian[r] @ agents) for r in rows], -2)
 
 
 KERNELS = {
@@ -70,7 +74,10 @@ KERNELS = {
         ),
         {"sums", "everywhere"},
     ),
-    "D-ULA": (lambda **kw: DulaKernel(logistic_model, NUM_CLIENTS, **kw), {"mix", "stacked", "everywhere"}),
+    "D-ULA": (
+        lambda **kw: DulaKernel(logistic_model, NUM_CLIENTS, **kw),
+        {"neighbours", "stacked", "everywhere"},
+    ),
     "SGLD": (lambda **kw: SgldKernel(logistic_model, batch_size=4, **kw), {"stacked", "everywhere"}),
 }
 
