@@ -171,10 +171,15 @@ class _BlockSampler:
             column, batch[:, None] - 1
         )  # padding repeats
         rows = (first_row + epoch)[..., None]  # [K, C, b, 1]
+        # a chunk reads the first min(m_i, K) minibatches of a permutation (all the data of a client that
+        # draws nothing): only that many of its smallest keys need ordering, which a partial sort finds in
+        # linear time (the same indices as a full sort's first ones: the keys are distinct)
+        read = torch.where(shuffled, per_epoch.clamp(max=chunk_size) * batch, sizes)
+        self.sorted_width = int(read.max())
         # the row each iteration of each chain's client reads, and the rows unsorted: their table's order
         self.row_read = rows[..., 0].cpu().numpy()
-        self.unsorted = torch.arange(table.shape[1], device=device).expand(len(client_of_row), -1)
-        self.gather = (rows * table.shape[1] + columns).reshape(chunk_size, num_chains * len(sizes), width)
+        self.unsorted = torch.arange(self.sorted_width, device=device).expand(len(client_of_row), -1)
+        self.gather = (rows * self.sorted_width + columns).reshape(chunk_size, num_chains * len(sizes), width)
         real = column < batch[:, None]
         weights = torch.where(real, (sizes / batch)[:, None].to(dtype), torch.zeros((), dtype=dtype))
         self.datum_weights = self._held_rows(weights.repeat(num_chains, 1))  # [C·b, n]
@@ -198,13 +203,19 @@ class _BlockSampler:
         )
         keys = keys.masked_fill(self.padding, 2.0)  # padding sorts last
         if working is None:
-            order = keys.argsort(1)
+            order = self._smallest(keys)
         else:
             held = np.zeros(self.num_clients, dtype=bool)
             held[self.held] = True
             read = np.unique(self.row_read[: len(working)][working & held])
             read = torch.as_tensor(read, dtype=torch.long, device=keys.device)
             order = self.unsorted.clone()
-            order[read] = keys[read].argsort(1)
-        permuted = self.table.gather(1, order)
+            order[read] = self._smallest(keys[read])
+        permuted = self.table.gather(1, order)  # [R, sorted_width]
         return self._held_rows(permuted.view(-1)[self.gather])
+
+    def _smallest(self, keys: torch.Tensor) -> torch.Tensor:
+        """The positions of each row's ``sorted_width`` smallest keys, in increasing order of the keys."""
+        if self.sorted_width == keys.shape[1]:
+            return keys.argsort(1)
+        return keys.topk(self.sorted_width, 1, largest=False, sorted=True).indices

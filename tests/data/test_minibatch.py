@@ -129,3 +129,28 @@ def test_only_the_permutations_that_working_clients_read_are_sorted_and_those_ar
         owners = torch.repeat_interleave(torch.arange(len(SIZES)), torch.tensor(SIZES))
         clients = torch.arange(len(SIZES)).repeat(2).expand(6, -1)
         assert (owners[selected] == clients[..., None]).all()
+
+
+def test_ordering_only_the_keys_a_chunk_reads_gives_the_full_sort_minibatches(monkeypatch):
+    # a chunk of 4 iterations reads the first 4 minibatches of 2 points of a 100-point client's permutation:
+    # the 8 smallest keys, found by a partial sort; a full sort of the same keys gives the same minibatches
+    sizes = [100, 60, 9, 1]
+    indices = list(torch.randperm(sum(sizes), generator=torch.Generator().manual_seed(0)).split(sizes))
+
+    def draws():
+        made = MinibatchSampler(
+            indices, 2, chunk_size=4, num_chains=3, rng=Randomness(5), dtype=torch.float64
+        )
+        working = np.zeros((4, 3, len(sizes)), dtype=bool)
+        working[1, :, 0] = working[3, 2, 1:] = True
+        return [made(), made(working), made()], made.blocks[0].sorted_width
+
+    partial, width = draws()
+    assert width == 8  # of the rows' 100 keys (padded): 4 minibatches of 2 (the 1-point client reads 1)
+    monkeypatch.setattr(
+        "pyro_fed.data.minibatch._BlockSampler._smallest",
+        lambda self, keys: keys.argsort(1)[:, : self.sorted_width],
+    )
+    full, _ = draws()
+    for chunk_partial, chunk_full in zip(partial, full, strict=True):
+        assert torch.equal(chunk_partial, chunk_full)
