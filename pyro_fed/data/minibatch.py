@@ -215,7 +215,12 @@ class _BlockSampler:
         return self._held_rows(permuted.view(-1)[self.gather])
 
     def _smallest(self, keys: torch.Tensor) -> torch.Tensor:
-        """The positions of each row's ``sorted_width`` smallest keys, in increasing order of the keys."""
+        """The positions of each row's ``sorted_width`` smallest keys, in increasing order of the keys (the
+        same positions however they are found: the keys are distinct)."""
+        if keys.device.type == "cpu":
+            # NumPy's vectorised sort orders short rows several times faster than torch's (rows of 64 keys:
+            # 9 against 66 ms for 32,000 of them)
+            return torch.from_numpy(np.argsort(keys.numpy(), axis=1)[:, : self.sorted_width])
         if self.sorted_width == keys.shape[1]:
             return keys.argsort(1)
         return keys.topk(self.sorted_width, 1, largest=False, sorted=True).indices

@@ -133,7 +133,8 @@ def test_only_the_permutations_that_working_clients_read_are_sorted_and_those_ar
 
 def test_ordering_only_the_keys_a_chunk_reads_gives_the_full_sort_minibatches(monkeypatch):
     # a chunk of 4 iterations reads the first 4 minibatches of 2 points of a 100-point client's permutation:
-    # the 8 smallest keys, found by a partial sort; a full sort of the same keys gives the same minibatches
+    # only the 8 smallest keys are ordered (by NumPy on the CPU); torch's full sort of the same keys gives the
+    # same minibatches
     sizes = [100, 60, 9, 1]
     indices = list(torch.randperm(sum(sizes), generator=torch.Generator().manual_seed(0)).split(sizes))
 
