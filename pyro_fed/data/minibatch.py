@@ -172,8 +172,7 @@ class _BlockSampler:
         )  # padding repeats
         rows = (first_row + epoch)[..., None]  # [K, C, b, 1]
         # a chunk reads the first min(m_i, K) minibatches of a permutation (all the data of a client that
-        # draws nothing): only that many of its smallest keys need ordering, which a partial sort finds in
-        # linear time (the same indices as a full sort's first ones: the keys are distinct)
+        # draws nothing): only that many of its smallest keys need ordering (see _smallest)
         read = torch.where(shuffled, per_epoch.clamp(max=chunk_size) * batch, sizes)
         self.sorted_width = int(read.max())
         # the row each iteration of each chain's client reads, and the rows unsorted: their table's order
