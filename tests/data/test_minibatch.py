@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from pyro_fed.data.minibatch import MinibatchSampler
+from pyro_fed.data.minibatch import MinibatchSampler, smallest_on_device, smallest_on_host
 from pyro_fed.engine.randomness import Randomness
 
 SIZES = [10, 7, 3]
@@ -155,3 +155,14 @@ def test_ordering_only_the_keys_a_chunk_reads_gives_the_full_sort_minibatches(mo
     full, _ = draws()
     for chunk_partial, chunk_full in zip(partial, full, strict=True):
         assert torch.equal(chunk_partial, chunk_full)
+
+
+def test_the_host_and_device_orderings_are_a_full_sort_s_first_positions():
+    # distinct keys (float64 uniforms: ties have probability ~1e-12 here), padding at 2.0 past each row's end
+    keys = torch.rand(50, 30, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    keys[:10, 20:] = 2.0
+    for width in (1, 7, 20, 30):
+        expected = keys.argsort(1)[:, :width]
+        real = slice(None) if width <= 20 else slice(10, None)  # padding ties may come in any order
+        for found in (smallest_on_host(keys, width), smallest_on_device(keys, width)):
+            assert torch.equal(found[real], expected[real])
