@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -195,12 +195,21 @@ def disagreement(
     return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
 
 
-def mix(agents: torch.Tensor, network, graph, consensus_size: torch.Tensor) -> torch.Tensor:
+def laplacian_rows(network, graph) -> torch.Tensor:
+    """The held agents' rows of the graph's Laplacian :math:`L`, on the columns of the agents that
+    :meth:`~pyro_fed.network.base.Network.neighbours` brings (``[b_h, m]``, float64): computed once per run,
+    since every mixing reads them."""
+    return graph.laplacian[network.held(graph.num_agents)][:, network.neighbour_agents(graph)]
+
+
+def mix(
+    agents: torch.Tensor, rows: torch.Tensor, graph, network, consensus_size: torch.Tensor
+) -> torch.Tensor:
     r"""One round of neighbour exchange: :math:`w_i - \beta \sum_j a_{ij} (w_i - w_j)` for the held agents
     ``[..., b_h, d]``, i.e. their rows of :math:`((I - \beta L) \otimes I_d)\, w`, all agents' old values
-    read (a simultaneous update). The held agents' rows of :math:`L` read only them and their neighbours,
-    which the network brings (:meth:`~pyro_fed.network.base.Network.neighbours`)."""
-    rows = graph.laplacian[network.held(graph.num_agents)][:, network.neighbour_agents(graph)]
+    read (a simultaneous update). The held agents' rows of :math:`L` (``rows``, :func:`laplacian_rows`) read
+    only them and their neighbours, which the network brings
+    (:meth:`~pyro_fed.network.base.Network.neighbours`)."""
     return agents - consensus_size * (rows.to(agents) @ network.neighbours(graph, agents))
 
 
@@ -209,6 +218,7 @@ def step(
     gradients: Callable[[torch.Tensor], torch.Tensor],
     noise: torch.Tensor,
     graph,
+    rows: torch.Tensor,
     alpha: torch.Tensor,
     beta: torch.Tensor,
     network,
@@ -218,6 +228,7 @@ def step(
     :param gradients: maps the agents' points ``[C, n, d]`` to their gradient estimates.
     :param noise: standard Gaussian noise ``[C, n, d]`` (scaled here to :math:`N(0, n I)`).
     :param graph: a :class:`~pyro_fed.network.graphs.Graph`.
+    :param rows: the held agents' rows of its Laplacian (:func:`laplacian_rows`).
     :param alpha: :math:`\\alpha_k`, a step of :func:`~pyro_fed.algorithms.langevin.langevin_step` (a
         scalar, per coordinate, or a dense preconditioned step with its root).
     :param beta: :math:`\\beta_k`.
@@ -228,7 +239,7 @@ def step(
     n = network.num_clients  # all the agents, wherever they are held
     # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
     return DulaState(
-        langevin_step(mix(w, network, graph, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
+        langevin_step(mix(w, rows, graph, network, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
     )
 
 
@@ -250,8 +261,13 @@ class Dula(Algorithm):
     consensus_decay: float = 0.0
     step_offset: float = 0.0
     record_agents: bool = False
+    #: the held agents' rows of the Laplacian (:func:`laplacian_rows`), in the state's dtype and device
+    laplacian_rows: torch.Tensor = field(init=False, repr=False)
 
     state_type = DulaState
+
+    def __post_init__(self):
+        self.laplacian_rows = laplacian_rows(self.network, self.graph).to(self.device, self.dtype)
 
     def init(self, positions):
         return init(positions, self.num_held)
@@ -279,7 +295,7 @@ class Dula(Algorithm):
             consensus_decay=self.consensus_decay,
             step_offset=self.step_offset,
         )
-        return step(state, gradients, noise, self.graph, alpha, beta, self.network)
+        return step(state, gradients, noise, self.graph, self.laplacian_rows, alpha, beta, self.network)
 
     def points(self, state):
         return state.clients

@@ -19,8 +19,6 @@ Bayesian learning*, NeurIPS 2020.
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 
 from .base import BITS_PER_FLOAT
@@ -56,7 +54,7 @@ class Graph:
         self.adjacency = adjacency
         self.num_agents = n
 
-    @cached_property
+    @property
     def laplacian(self) -> torch.Tensor:
         """:math:`L = \\Delta - A`, ``[n, n]``."""
         return torch.diag(self.adjacency.sum(1)) - self.adjacency

@@ -46,7 +46,8 @@ def test_mixing_is_simultaneous():
     graph = make_graph("path", 3)
     w = torch.tensor([[0.0], [3.0], [6.0]], dtype=torch.float64)
     # w_i - beta sum_j a_ij (w_i - w_j) with every agent's old value
-    mixed = dula.mix(w, InProcessNetwork(), graph, torch.tensor(0.25))
+    network = InProcessNetwork()
+    mixed = dula.mix(w, dula.laplacian_rows(network, graph), graph, network, torch.tensor(0.25))
     torch.testing.assert_close(mixed, torch.tensor([[0.75], [3.0], [5.25]], dtype=torch.float64))
     # the average is kept
     assert mixed.mean() == pytest.approx(w.mean())
@@ -65,8 +66,9 @@ def test_the_average_takes_an_exact_ula_step_with_the_same_noise():
         (make_graph("complete", n), torch.randn(2, 1, 3, generator=g).expand(2, n, 3)),
     ):
         network = InProcessNetwork(n, 3, 2)
+        rows = dula.laplacian_rows(network, graph)
         new = dula.step(
-            dula.DulaState(start), exact.gradients, noise, graph, alpha, torch.tensor(0.3), network
+            dula.DulaState(start), exact.gradients, noise, graph, rows, alpha, torch.tensor(0.3), network
         )
         grads = exact.gradients(start).sum(1)
         expected = start.mean(1) - alpha * grads + (2 * alpha).sqrt() * (n**0.5 * noise).mean(1)

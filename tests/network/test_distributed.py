@@ -141,8 +141,10 @@ def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, preparing
     grads = gradient(curvatures[held] / num_clients, centres[held] / num_clients)
     alpha, beta = torch.tensor(0.01), torch.tensor(0.5 / graph.lambda_max)
 
+    rows = dula.laplacian_rows(network, graph)
+
     def iteration(agents, noise):
-        return dula.step(dula.DulaState(agents), grads, noise, graph, alpha, beta, network)[0]
+        return dula.step(dula.DulaState(agents), grads, noise, graph, rows, alpha, beta, network)[0]
 
     agents = dula.init(r["start"], held.stop - held.start).clients
     run = preparing(iteration, (agents, r["noise"][0][:, held]))
@@ -177,8 +179,8 @@ def operations(network, held, num_clients):
         "average_where": network.average_where(torch.tensor([True, False]), here),
         "dispersion": dispersion(here, network),
         "finite": network.everywhere(held_finite((clients3[:, held], server3))),
-        "mix_ring": dula.mix(here, network, ring, beta),
-        "mix_random": dula.mix(here, network, random, beta),
+        "mix_ring": dula.mix(here, dula.laplacian_rows(network, ring), ring, network, beta),
+        "mix_random": dula.mix(here, dula.laplacian_rows(network, random), random, network, beta),
     }
 
 
