@@ -403,7 +403,7 @@ def chosen_settings(kernel, lipschitz: float) -> dict:
     clients' average, gamma for a server or a single agent), minibatch, thinning, refreshes."""
     pot = kernel.potential
     step = kernel.current_step_size
-    server = kernel.server_step or pot.num_clients == 1
+    server = kernel.settings.server_step or pot.num_clients == 1
     per_iteration = step if server or isinstance(kernel, pyro_fed.DulaKernel) else step / pot.num_clients
     chosen = {
         "c": per_iteration * lipschitz * _preconditioned_scale(kernel),

@@ -76,6 +76,7 @@ MCMC algorithm via Langevin Monte Carlo within Gibbs*, ICML 2021, Algorithm 1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ import numpy as np
 import torch
 
 from . import traffic
-from .adaptation import VARIANCE_TARGET
+from .adaptation import VARIANCE_TARGET, hessian_products, square_root, thinning_for, whiten
 from .base import Algorithm
 from .langevin import langevin_step
 
@@ -126,6 +127,27 @@ def automatic_step(stiffness: float, tolerance: torch.Tensor, noise: float, num_
     curvature = stiffness + 1.0 / tolerance.double()
     eps, b = VARIANCE_SHARE, num_clients
     return 2 * eps * b / (noise + (1 + eps) * b * curvature)
+
+
+def check_step(step: float, tolerance: float) -> None:
+    """Refuse a step at least twice the smallest tolerance, on which a client's conditional diverges."""
+    if step >= 2 * tolerance:
+        raise ValueError(
+            f"step_size={step:.3g} is at least twice the tolerance {tolerance:.3g}: a client's "
+            "conditional has curvature at least 1/tolerance, on which such a step diverges. Pass a "
+            "step_size below 2 * tolerance (0.2 * tolerance keeps its bias near 10%), or leave it out."
+        )
+
+
+def client_pull(chosen, run) -> float:
+    r""":math:`\|\sum_i \tilde A_i \tilde g_i\|`: the clients' Hessians times their gradients at the warm-up's
+    mode, in its preconditioned coordinates (:math:`R \nabla^2 U^i M \nabla U^i`; one Hessian-vector product
+    per client, on its own data, summed by the network), for :func:`automatic_tolerance`."""
+    root = square_root(chosen.preconditioner)
+    grads = run.full_gradients(chosen.mode[None])  # [1, b, d]
+    tangents = whiten(root, whiten(root, grads))  # M grad (R symmetric)
+    products = hessian_products(run.potential.full_gradient_fn, chosen.mode, tangents)
+    return float(run.network.sum(whiten(root, products)).double().norm())
 
 
 def client_move(
@@ -211,21 +233,92 @@ def step(
 class Dglmc(Algorithm):
     """DG-LMC as an :class:`~pyro_fed.algorithms.base.Algorithm`.
 
-    :param tolerance: :math:`\\rho_i` of every client of the run, ``[b]`` (a tensor).
+    :param tolerance: :math:`\\rho_i`: one number for every client, or one per client of the run (``[b]``),
+        or ``None``: automatic (:func:`automatic_tolerance`, from the warm-up's measures); resolved for the
+        run to a tensor ``[b]`` (:meth:`resolve`).
+    :param int local_steps: :math:`N`, the clients' Langevin steps per iteration.
+
+    Resolved for the run:
+
     :param float reference_step: :math:`\\gamma`, the step the kernel's step tensor carries (:math:`\\gamma
         M`).
     :param step_factors: :math:`\\gamma_i / \\gamma` of every client of the run, ``[b]`` (``None``: all 1).
-    :param int local_steps: :math:`N`, the clients' Langevin steps per iteration.
     """
 
-    tolerance: torch.Tensor
-    reference_step: float
-    step_factors: torch.Tensor | None = None
+    tolerance: float | torch.Tensor | None = None
     local_steps: int = 1
+    reference_step: float | None = None
+    step_factors: torch.Tensor | None = None
 
     state_type = DglmcState
 
+    #: its last word sets the step and the tolerances for the clients' conditionals
+    finishes_adaptation = True
+
+    def reads_minibatches(self):
+        # the local steps of an iteration share its minibatch: full local batches with more than one
+        return self.local_steps == 1
+
+    def gradient_evaluations(self, minibatches):
+        return self.local_steps
+
+    def finish_adaptation(self, chosen, run):
+        """With the warm-up's measures: the automatic tolerance (one more round of uploads: the clients'
+        Hessians times their gradients at the mode), the automatic step for the clients' conditionals, and
+        the thinning for the clients' centre's step :math:`\\gamma / b` on :math:`U`."""
+        tolerance, steps, rounds = self.tolerances_and_steps(chosen, run)
+        step = float(steps.max())
+        thinning = chosen.thinning
+        if run.thinning is None and run.step_size is None:  # 1 with a step of the user's, as elsewhere
+            thinning = thinning_for(float(steps.mean()) / run.network.num_clients, chosen.slowest)
+        finished = chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + rounds)
+        return finished, dataclasses.replace(self, tolerance=tolerance), []
+
+    def resolve(self, run):
+        chosen = run.chosen
+        factors = None
+        if chosen is None:
+            tolerance = self.given_tolerance(run.network.num_clients)
+        else:
+            # the tolerances the warm-up's last word resolved (or, resumed from a checkpoint, those its
+            # measures give again: the rounds were counted by the run that chose them)
+            tolerance, steps, _ = self.tolerances_and_steps(chosen, run)
+            factors = steps / float(steps.max())
+            factors = None if bool((factors == 1).all()) else factors
+        return {"tolerance": tolerance, "reference_step": run.step, "step_factors": factors}
+
+    def tolerances_and_steps(self, chosen, run) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Every client's tolerance and step (``[b]`` each) for the warm-up's measures ``chosen``, and the
+        rounds of uploads they cost."""
+        b = run.network.num_clients
+        rounds = 0
+        if self.tolerance is None:
+            pull = client_pull(chosen, run)
+            tolerance = torch.full((b,), automatic_tolerance(chosen.stiffness, chosen.slowest, pull))
+            rounds = 1
+        else:
+            tolerance = self.given_tolerance(b)
+        if run.step_size is None:
+            steps = automatic_step(chosen.stiffness, tolerance, chosen.noise, b)
+        else:
+            check_step(run.step_size, float(tolerance.min()))
+            steps = torch.full((b,), run.step_size, dtype=torch.float64)
+        return tolerance.double(), steps, rounds
+
+    def given_tolerance(self, num_clients: int) -> torch.Tensor:
+        """The given tolerance, one per client (``[b]``, float64), checked against their number."""
+        if isinstance(self.tolerance, torch.Tensor):
+            if len(self.tolerance) != num_clients:
+                raise ValueError(
+                    f"tolerance has {len(self.tolerance)} values; the run has {num_clients} clients: give "
+                    "one per client, or a single number for all."
+                )
+            return self.tolerance.double()
+        return torch.full((num_clients,), self.tolerance, dtype=torch.float64)
+
     def __post_init__(self):
+        if self.network is None:
+            return
         tolerance = self.tolerance.to(self.device, self.dtype)
         factors = None
         if self.step_factors is not None:

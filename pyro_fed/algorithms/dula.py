@@ -18,8 +18,8 @@ draw is :math:`\bar w`.
 
 The agents disagree: each receives its own noise, and with heterogeneous data each is pulled toward its own
 posterior. Their gradients, evaluated at their own points, then sum to something else than
-:math:`\nabla U(\bar w)`: :func:`consensus_analysis` finds the constant step at which that costs the average
-little, from each agent's curvature and gradient at the mode.
+:math:`\nabla U(\bar w)`: :mod:`pyro_fed.algorithms.dula_step` finds the constant step at which that costs the
+average little.
 
 Tensors carry a leading chain dimension ``C``; the noise and the iteration number are inputs of
 :func:`step`, so that the decaying steps are computed inside a compiled chunk.
@@ -38,16 +38,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..network.graphs import Graph, make_graph
 from .base import Algorithm
 from .dispersion import held_moments, mean_and_dispersion
+from .dula_step import finish_step
 from .langevin import langevin_step, scale_step
-
-#: the factor by which :func:`consensus_analysis` shrinks a step that misses its targets, and how many
-#: times, at most
-CONSENSUS_SHRINK, CONSENSUS_SHRINKS = 0.8, 60
-#: graphs larger than this are not analysed by :func:`consensus_analysis` (its solves cost :math:`n^3`), nor
-#: more coordinates than this
-CONSENSUS_AGENTS, CONSENSUS_COORDINATES = 300, 64
 
 
 class DulaState(NamedTuple):
@@ -71,128 +66,6 @@ def step_sizes(
     alpha = scale_step(step_size, (step_offset + iteration + 1.0) ** -step_decay)
     beta = consensus_size / (iteration + 1.0) ** consensus_decay
     return alpha, beta
-
-
-class ConsensusAnalysis(NamedTuple):
-    """What :func:`consensus_analysis` found: the step, and the targets' state there."""
-
-    step: float  #: the largest step tried that meets the targets, or the last (smallest) one tried
-    met: bool  #: whether the targets are met at ``step`` (``True`` for a graph too large to analyse)
-    mean: float  #: the largest gap of the average's stationary mean at ``step``, in posterior sds
-    variance: float  #: the largest relative error of the average's stationary variance at ``step``
-    coordinate: int  #: the coordinate of the largest gap or error relative to its target (-1: none)
-
-
-def consensus_analysis(
-    step: float,
-    curvatures: torch.Tensor,
-    gradients: torch.Tensor,
-    laplacian: torch.Tensor,
-    consensus_size: float,
-    *,
-    variance_target: float,
-    mean_target: float,
-) -> ConsensusAnalysis:
-    r"""The largest constant step :math:`\alpha \le` ``step`` (on the grid ``step`` :math:`\cdot\,
-    0.8^j`, ``CONSENSUS_SHRINKS`` shrinks at most) at which, in every coordinate of a diagonal quadratic
-    model of the agents, the average's stationary variance is within ``variance_target`` (relative) of the
-    posterior's and its mean within ``mean_target`` posterior standard deviations of the posterior's; and
-    whether there is one.
-
-    The model: in a coordinate measured in posterior standard deviations, agent :math:`i` has curvature
-    :math:`c_i \ge 0` (its share of the Hessian's diagonal, :math:`\sum_i c_i = 1`) and gradient
-    :math:`g_i` at the point :math:`\hat x` where they were measured (the mode the warm-up found). The
-    model's posterior mode is where the gradients sum to zero, :math:`\hat x + e^\star` with
-    :math:`e^\star = -\sum_i g_i / \sum_i c_i`; measured from there, the gradients are :math:`g_i' = g_i +
-    c_i e^\star`, which sum to zero. D-ULA's deviations :math:`e` from the mode then follow :math:`e
-    \leftarrow A e - \alpha n g' + \sqrt{2 \alpha n}\, z` with the symmetric :math:`A = I - \beta L -
-    \alpha n\, \mathrm{diag}(c)`, whose stationary law is exact: mean :math:`-\alpha n (\beta L + \alpha
-    n\, \mathrm{diag}(c))^{-1} g'`, covariance :math:`2 \alpha n (I - A^2)^{-1}`; the average reads
-    :math:`\mathbf 1 / n` of them. With identical agents this is ULA's law (variance :math:`1 / (1 - \alpha
-    / 2)`, no bias): disagreement costs nothing; with heterogeneous ones the bias and the variance's error
-    grow with :math:`\alpha` over what the graph's mixing undoes, and vanish as :math:`\alpha \to 0`.
-
-    Measured from :math:`\hat x` itself rather than from the model's mode, the mean would carry
-    :math:`e^\star`, the search's own error, at every step: the search stops within a tenth of a posterior
-    sd of the mode (``MODE_TOLERANCE``, the Newton decrement, which bounds every coordinate's
-    :math:`|e^\star|`), or farther where it stalls (reported only beyond ``MODE_WARNING``, one sd). A
-    remainder near the target then cost a much smaller step, and one beyond it any step: the step shrank
-    ``CONSENSUS_SHRINKS`` times, to :math:`0.8^{60} \approx 10^{-6}` of the warm-up's, and the chains froze.
-
-    Graphs of more than ``CONSENSUS_AGENTS`` agents are not analysed (``step`` is returned); at most the
-    ``CONSENSUS_COORDINATES`` coordinates whose agents differ most are.
-
-    :param curvatures: :math:`c`, ``[n, d]``.
-    :param gradients: :math:`g`, ``[n, d]``.
-    :param laplacian: :math:`L`, ``[n, n]``.
-    :param consensus_size: :math:`\beta`.
-    """
-    n = curvatures.shape[0]
-    if n > CONSENSUS_AGENTS:
-        return ConsensusAnalysis(step, True, math.nan, math.nan, -1)
-    dtype = torch.float64
-    c = curvatures.T.to(dtype).clamp_min(0)  # [d, n]
-    g = gradients.T.to(dtype)
-    # from the model's own mode, where the agents' gradients sum to zero (see above)
-    g = g - c * g.sum(1, keepdim=True) / c.sum(1, keepdim=True).clamp_min(1e-300)
-    # the coordinates where the agents differ most (identical agents cost nothing), at most
-    # CONSENSUS_COORDINATES of them: each costs two n x n solves per step tried
-    spread = (n * c - 1).square().sum(1) + g.square().sum(1)
-    chosen = spread.argsort(descending=True)[:CONSENSUS_COORDINATES]
-    c, g = c[chosen], g[chosen, :, None]
-    mixing = consensus_size * laplacian.to(dtype)
-    eye = torch.eye(n, dtype=dtype)
-    ones = torch.ones(n, 1, dtype=dtype)
-    alpha, last = step, ConsensusAnalysis(step, False, math.inf, math.inf, -1)
-    for _ in range(CONSENSUS_SHRINKS):
-        local = alpha * n * torch.diag_embed(c)  # [d, n, n]
-        transition = eye - mixing - local
-        factor, info = torch.linalg.cholesky_ex(eye - transition @ transition)
-        if not bool(info.any()):  # |eigenvalues of A| < 1: stationary
-            variance = (
-                2 * alpha * n * (ones.T @ torch.cholesky_solve(ones.expand(len(c), -1, -1), factor)) / n**2
-            ).flatten()
-            mean = (-alpha * n * (ones.T @ torch.linalg.solve(mixing + local, g)) / n).flatten()
-            error, gap = (variance - 1).abs(), mean.abs()
-            worst = torch.maximum(error / variance_target, gap / mean_target).argmax()
-            last = ConsensusAnalysis(
-                alpha,
-                bool((error <= variance_target).all()) and bool((gap <= mean_target).all()),
-                float(gap.max()),
-                float(error.max()),
-                int(chosen[worst]),
-            )
-            if last.met:
-                return last
-        else:
-            last = ConsensusAnalysis(alpha, False, math.inf, math.inf, -1)
-        alpha *= CONSENSUS_SHRINK
-    return last
-
-
-def disagreement(
-    laplacian: torch.Tensor,
-    consensus_size: float,
-    step: float,
-    dim: int,
-    num_draws: int,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    r"""``num_draws`` draws ``[R, n, d]`` of the agents' stationary disagreement :math:`e_i = w_i - \bar w`
-    driven by their own noises, in the preconditioned coordinates where the posterior's scales are 1.
-
-    Each agent steps :math:`\alpha n` on its share :math:`U_i \approx U / n` with noise :math:`\sqrt{2 \alpha
-    n}\, z_i`, so in the graph's eigenbasis :math:`(\lambda_k, u_k)` the disagreement mode :math:`k \ge 2`
-    follows :math:`\xi_k \leftarrow (1 - \beta \lambda_k - \alpha)\, \xi_k + \sqrt{2 \alpha n}\, z`: a
-    Gaussian of variance :math:`2 \alpha n / (1 - \rho_k^2)`, :math:`\rho_k = 1 - \beta\lambda_k - \alpha`,
-    and :math:`e = \sum_{k \ge 2} u_k \xi_k`. Each agent is about :math:`\sqrt{2 \alpha n}` posterior sds from
-    the average even on a complete graph: its noise is the one the average needs, times :math:`\sqrt n`.
-    """
-    eigenvalues, vectors = torch.linalg.eigh(laplacian.to(torch.float64))
-    rho = 1.0 - consensus_size * eigenvalues[1:] - step
-    variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
-    modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64)
-    return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
 
 
 def laplacian_rows(network, graph) -> torch.Tensor:
@@ -247,16 +120,22 @@ def step(
 class Dula(Algorithm):
     """D-ULA as an :class:`~pyro_fed.algorithms.base.Algorithm`.
 
-    :param graph: the agents' :class:`~pyro_fed.network.graphs.Graph`.
-    :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0`.
+    :param graph: the agents' graph: a :class:`~pyro_fed.network.graphs.Graph`, or what
+        :func:`~pyro_fed.network.graphs.make_graph` builds one from (a name, an adjacency matrix), built for
+        the run's agents (:meth:`resolve`).
+    :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0` (``None``:
+        :math:`1/\\lambda_{\\max}(L)`, resolved for the run).
+    :param str schedule: ``"constant"`` or ``"decaying"`` (the paper's): the automatic constant step is cut
+        for the agents' disagreement (:mod:`pyro_fed.algorithms.dula_step`), the decaying one is not.
     :param float step_decay: :math:`\\delta_2` (0: a constant step).
     :param float consensus_decay: :math:`\\delta_1` (0: a constant consensus step).
     :param float step_offset: :math:`k_0`.
     :param bool record_agents: record every agent's iterate per draw (statistic ``"agents"``).
     """
 
-    graph: object
-    consensus_size: float
+    graph: object = "ring"
+    consensus_size: float | None = None
+    schedule: str = "constant"
     step_decay: float = 0.0
     consensus_decay: float = 0.0
     step_offset: float = 0.0
@@ -266,8 +145,38 @@ class Dula(Algorithm):
 
     state_type = DulaState
 
+    #: its last word cuts the automatic constant step for the agents' disagreement
+    finishes_adaptation = True
+
     def __post_init__(self):
-        self.laplacian_rows = laplacian_rows(self.network, self.graph).to(self.device, self.dtype)
+        if self.network is not None:
+            self.laplacian_rows = laplacian_rows(self.network, self.graph).to(self.device, self.dtype)
+
+    def agents_graph(self, num_agents: int) -> Graph:
+        """The graph over ``num_agents`` agents (this one when it is built for them)."""
+        return make_graph(self.graph, num_agents)
+
+    def consensus_for(self, graph: Graph) -> float:
+        """:math:`b` on ``graph``: the given one, or :math:`1 / \\lambda_{\\max}(L)` (0 for one agent)."""
+        if self.consensus_size is not None:
+            return self.consensus_size
+        lambda_max = graph.lambda_max
+        return 1.0 / lambda_max if lambda_max > 0 else 0.0
+
+    def resolve(self, run):
+        graph = self.agents_graph(run.network.num_clients)
+        return {"graph": graph, "consensus_size": self.consensus_for(graph)}
+
+    def chosen_step(self, client_step, run):
+        """:math:`a` such that the first step :math:`\\alpha_0 = a / (k_0 + 1)^{\\delta_2}` is
+        :math:`\\gamma / n`, from the adaptation's client step :math:`\\gamma` (each agent steps with
+        :math:`\\alpha n` on its share)."""
+        return client_step / run.network.num_clients * (self.step_offset + 1.0) ** self.step_decay
+
+    def finish_adaptation(self, chosen, run):
+        """With an automatic constant step, the largest at most the warm-up's at which the agents'
+        disagreement costs the average little: :func:`~pyro_fed.algorithms.dula_step.finish_step`."""
+        return finish_step(self, chosen, run)
 
     def init(self, positions):
         return init(positions, self.num_held)

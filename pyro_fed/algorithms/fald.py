@@ -129,10 +129,16 @@ class Fald(Algorithm):
         (:func:`~pyro_fed.algorithms.langevin.client_noise`).
     """
 
-    comm_prob: float
+    comm_prob: float = 1.0
     noise_corr: float = 1.0
 
     state_type = FaldState
+
+    def averages_every_iteration(self):
+        return self.comm_prob == 1.0
+
+    def upload_rate(self, run):
+        return self.comm_prob
 
     def init(self, positions):
         return init(positions, self.num_held)

@@ -317,21 +317,112 @@ def estimate_noise(
 class Fsgld(Algorithm):
     """FSGLD as an :class:`~pyro_fed.algorithms.base.Algorithm`.
 
-    :param surrogates: the held clients' :class:`Surrogates` and their sums (fitted at set-up).
-    :param probabilities: :math:`p`, the round's client law over all clients, ``[b]`` (float64).
     :param int local_steps: :math:`K`, the iterations of a round.
+    :param client_probs: the round's client law as given, ``[b]`` (``None``: :math:`p_i = N_i / N`).
+    :param surrogate_moments: the surrogates as given, ``(means, precisions)`` for every client in the global
+        order (``None``: fitted at the run's mode).
+    :param str surrogate_form: the fitted precisions' form: ``"auto"`` (dense up to
+        ``DENSE_DIMENSIONS`` (200) coordinates), ``"dense"`` or
+        ``"diagonal"``.
+
+    Resolved for the run (:meth:`resolve`):
+
+    :param surrogates: the held clients' :class:`Surrogates` and their sums.
+    :param probabilities: :math:`p`, the round's client law over all clients, ``[b]`` (float64).
     """
 
-    surrogates: Surrogates
-    probabilities: torch.Tensor
     local_steps: int = 1
+    client_probs: torch.Tensor | None = None
+    surrogate_moments: tuple[torch.Tensor, torch.Tensor] | None = None
+    surrogate_form: str = "auto"
+    surrogates: Surrogates | None = None
+    probabilities: torch.Tensor | None = None
 
     state_type = FsgldState
 
+    #: the step moves the global iterate on an estimate of the whole potential's gradient
+    server_step = True
+
     def __post_init__(self):
+        self._fitted = None  # (potential, point, surrogates): the last surrogates fitted, kept for the run
+        if self.network is None:
+            return
         self._host_probabilities = self.probabilities.double().cpu().numpy()
         self._inverse = (1.0 / self.probabilities[self.held_clients]).to(self.device, self.dtype)
         self.surrogates = Surrogates(*(t.to(self.device, self.dtype) for t in self.surrogates))
+
+    def resolve(self, run):
+        surrogates = self.client_surrogates(run)
+        # every client uploads its surrogate and downloads their sums, once for all chains: as many
+        # averages of d floats as a surrogate holds
+        run.network.record_averages(surrogates.floats_per_client() // run.dim, shared=True)
+        return {"surrogates": surrogates, "probabilities": self.round_law(run)}
+
+    def round_law(self, run) -> torch.Tensor:
+        """:math:`p` over all the run's clients, ``[b]`` (float64): the given law normalised, or
+        :math:`N_i / N`."""
+        sizes = run.potential.all_client_sizes
+        if self.client_probs is not None and len(self.client_probs) != len(sizes):
+            raise ValueError(
+                f"client_probs has {len(self.client_probs)} entries; the run has {len(sizes)} clients: give "
+                "one positive number per client (in the global client order), or leave it None (p_i = N_i / "
+                "N)."
+            )
+        return client_probabilities(sizes, self.client_probs)
+
+    def client_surrogates(self, run, point: torch.Tensor | None = None) -> Surrogates:
+        """The held clients' surrogates and their sums for ``run``: the given ones, or fitted at ``point``
+        (default: the run's mode), fitted once per point and run."""
+        pot = run.potential
+        if self.surrogate_moments is not None:
+            return self._given_surrogates(run)
+        if point is None:
+            # the point the surrogates are fitted at: the warm-up's mode, or one found by L-BFGS
+            point = run.mode(
+                "FSGLD's surrogates",
+                "the surrogates are expanded there, which keeps the conducive gradient unbiased but noisier",
+                "Give surrogates",
+            )
+        fitted = self._fitted
+        if fitted is not None and fitted[0] is pot and torch.equal(fitted[1], point):
+            return fitted[2]
+        form = self.surrogate_form
+        dense = form == "dense" or (form == "auto" and run.dim <= adaptation.DENSE_DIMENSIONS)
+        surrogates = fit_surrogates(pot.full_gradient_fn, point, pot.num_clients, run.network, dense=dense)
+        self._fitted = (pot, point.clone(), surrogates)
+        return surrogates
+
+    def _given_surrogates(self, run) -> Surrogates:
+        means, precisions = (t.to(run.device, run.dtype) for t in self.surrogate_moments)
+        b, d = len(run.potential.all_client_sizes), run.dim
+        if means.shape != (b, d) or precisions.shape not in ((b, d, d), (b, d)):
+            raise ValueError(
+                f"surrogates: means of shape {tuple(means.shape)} and precisions of shape "
+                f"{tuple(precisions.shape)}; the run has {b} clients and {d} unconstrained "
+                f"coordinates: give means [{b}, {d}] and precisions [{b}, {d}, {d}] (or "
+                f"[{b}, {d}], diagonal), for every client in the global order."
+            )
+        held = run.network.held(b)
+        return surrogates_from_moments(means[held], precisions[held], run.network)
+
+    def random_at_full_batch(self, run):
+        # the round's client is random: with more than one client the estimate is noisy even on full data
+        return run.network.num_clients > 1
+
+    def adaptation_noise(self, minibatch_gradients, mode, points, run):
+        return estimate_noise(
+            minibatch_gradients,
+            points,
+            self.client_surrogates(run, mode).to(points),
+            self.round_law(run),
+            run.network,
+            self.local_steps,
+        )
+
+    def upload_rate(self, run):
+        # one client uploads d floats per round of local_steps iterations: 1 / (b K) of a round in which
+        # every client does
+        return 1.0 / (run.network.num_clients * self.local_steps)
 
     def init(self, positions):
         # no round yet: the first iteration's coin names its client

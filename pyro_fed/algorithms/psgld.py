@@ -36,7 +36,8 @@ With :math:`\rho = 1` the second moment stays at its start and the step is preco
 diagonal :math:`G`. At stationarity on a Gaussian posterior of Hessian :math:`H`, :math:`E[g g^\top] = H` plus
 the minibatch noise's covariance (:math:`E_\pi[\nabla U \nabla U^\top] = H E_\pi[(x - \mu)(x - \mu)^\top] H =
 H`: the Fisher information), so :math:`G \approx 1 / \sqrt{\mathrm{diag}\, H}` (smaller with minibatch noise,
-which adds to :math:`V`) — :func:`stationary_preconditioner`, for which the kernel's warm-up chooses the step.
+which adds to :math:`V`) — :func:`stationary_preconditioner`, for which the warm-up chooses the step
+(:meth:`Psgld.warmup_preconditioner`).
 
 Tensors carry a leading chain dimension ``C``; the server noise is an input of :func:`step`, drawn ahead for a
 chunk of iterations.
@@ -160,6 +161,30 @@ class Psgld(Algorithm):
     damping: float = 1e-5
 
     state_type = PsgldState
+
+    #: the step is the server's, on the whole potential
+    server_step = True
+    #: the run's inverse mass (the identity) is no Laplace approximation to draw the starts from: the init
+    #: strategy's points, pulled to the posterior's typical level, instead
+    laplace_starts = False
+    #: its last word replaces the warm-up's inverse mass with the identity, which :math:`G` completes
+    finishes_adaptation = True
+
+    def adaptation_noise(self, minibatch_gradients, mode, points, run):
+        # the server's estimate is the clients' sum: one "client"
+        return run.network.sum(minibatch_gradients(points))[..., None, :]
+
+    def warmup_preconditioner(self, curvature):
+        """:math:`G_\\star`, the stationary :math:`G` on a Gaussian posterior with the Hessian diagonal
+        ``curvature`` at the mode (:func:`stationary_preconditioner`): the automatic step is chosen for it."""
+        return stationary_preconditioner(curvature, self.damping)
+
+    def finish_adaptation(self, chosen, run):
+        """The warm-up's choice with the identity as the run's inverse mass: the step was chosen for
+        :math:`G_\\star`, which :math:`G` supplies as the chain runs. (A last word of its own also keeps the
+        warm-up from measuring the preconditioner again from the draws, which pSGLD's :math:`G`
+        replaces.)"""
+        return chosen._replace(preconditioner=torch.ones_like(chosen.mode)), self, []
 
     def init(self, positions):
         return init(positions)

@@ -44,6 +44,7 @@ for Bayesian federated learning*, AISTATS 2022, Algorithms 1 and 2.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ import torch
 
 from ..engine.randomness import Randomness
 from . import traffic
-from .adaptation import control_variate_error
+from .adaptation import control_variate_error, square_root, whiten
 from .base import Algorithm
 from .langevin import langevin_step
 
@@ -291,27 +292,135 @@ class Qlsd(Algorithm):
     :param compressor: :math:`Q`, a :class:`~pyro_fed.network.compression.Compressor`.
     :param float participation: :math:`p`, each client's probability of being active per iteration.
     :param control_variate: ``None``, ``"fixed_point"`` or ``"svrg"``.
-    :param float memory_rate: :math:`\\alpha` (see :func:`memory_rate`).
-    :param snapshot_every: :math:`l`, the iterations between QLSD++'s snapshots (``None``: none).
+    :param float memory_rate: :math:`\\alpha` (``None``: :func:`memory_rate`'s default).
+    :param snapshot_every: :math:`l`, the iterations between QLSD++'s snapshots (``"svrg"`` only; ``None``:
+        resolved for the run, snapshots taking a tenth of its data evaluations, or none with full local
+        batches, where the SVRG estimate is the exact gradient).
+    :param fixed_point: :math:`\\theta_\\star`, ``[d]`` (for ``"fixed_point"``; ``None``: the run's mode).
+    :param bool prior_on_server: the server holds the prior (the clients' estimates are of their likelihoods
+        alone) and adds :math:`\\nabla U^0(\\theta)` to :math:`g`.
+
+    Resolved for the run (:meth:`resolve`):
+
     :param full_gradients: maps points ``[r, d]`` to every client's full local gradient, ``[r, b, d]``
         (for ``"svrg"``).
-    :param fixed_point: :math:`\\theta_\\star`, ``[d]`` (for ``"fixed_point"``).
     :param prior_gradient: :math:`\\nabla U^0`, mapping ``[C, d]`` to ``[C, d]``, when the server holds the
         prior (``None``: the clients hold it).
     :param bool exact_gradients: the minibatches are the clients' full data.
     """
 
-    compressor: object
+    compressor: object = None
     participation: float = 1.0
     control_variate: str | None = None
-    memory_rate: float = 0.0
+    memory_rate: float | None = None
     snapshot_every: int | None = None
-    full_gradients: Callable | None = None
     fixed_point: torch.Tensor | None = None
+    prior_on_server: bool = False
+    full_gradients: Callable | None = None
     prior_gradient: Callable | None = None
     exact_gradients: bool = False
 
     state_type = QlsdState
+
+    #: the server steps on the whole potential
+    server_step = True
+
+    def __post_init__(self):
+        if self.network is not None and self.memory_rate is None:
+            self.memory_rate = self.rate(self.dim)
+
+    def rate(self, dim: int) -> float:
+        """:math:`\\alpha` in ``dim`` dimensions: the given one, or :func:`memory_rate`'s default."""
+        if self.memory_rate is not None:
+            return float(self.memory_rate)
+        return memory_rate(self.control_variate, self.compressor.omega(dim))
+
+    def resolve(self, run):
+        snapshot_every = self.snapshot_every
+        if self.control_variate == "svrg" and snapshot_every is None and not run.exact_gradients:
+            # with full local batches the SVRG estimate is the exact gradient: snapshots would be useless
+            snapshot_every = math.ceil(1.0 / run.event_probability)
+        prior_gradient = None
+        if self.prior_on_server:  # the server's term of g
+            prior_gradient = functools.partial(run.potential.server_prior, gradient=True)
+        return {
+            "memory_rate": self.rate(run.dim),
+            "snapshot_every": snapshot_every,
+            "full_gradients": run.full_gradients,
+            "fixed_point": self.reference_point(run) if self.control_variate == "fixed_point" else None,
+            "prior_gradient": prior_gradient,
+            "exact_gradients": run.exact_gradients,
+        }
+
+    def reference_point(self, run) -> torch.Tensor:
+        """QLSD⋆'s fixed point :math:`\\theta_\\star` for ``run``: the given one (checked), or the run's
+        mode."""
+        if self.fixed_point is not None:
+            if self.fixed_point.shape != (run.dim,):
+                raise ValueError(
+                    f"fixed_point has shape {tuple(self.fixed_point.shape)}; the model has {run.dim} "
+                    "unconstrained coordinates: give the flat unconstrained mode (or leave it None)."
+                )
+            return self.fixed_point
+        return run.mode(
+            "QLSD⋆'s fixed point", "QLSD⋆'s drift is off by the gradient left there", "Give fixed_point"
+        )
+
+    def participation_noise(self, chosen, run) -> float:
+        r"""The variance that the random set of clients alone adds to the server's estimate (exact local
+        gradients, no compression), per preconditioned coordinate, averaged over the warm-up's typical points,
+        at its largest coordinate. Given :math:`|A| = k` the set is a uniform :math:`k`-subset, so
+        :math:`\mathrm{Var}(\frac bk \sum_{i \in A} v_i) = b^2 (\frac1k - \frac1b) S^2`, :math:`S^2` the
+        clients' variance (divisor :math:`b - 1`) of what they upload, :math:`v_i = H^i - \eta^i`: their
+        gradients, less those at the reference point where a fixed point or a memory takes them off; averaged
+        over :math:`k \sim` Binomial(:math:`b, p`) given :math:`k \ge 1`. One evaluation of the clients' full
+        gradients at the points, and one meeting."""
+        b, p = run.network.num_clients, self.participation
+        if b == 1:
+            return 0.0
+        points = chosen.typical_points
+        uploads = run.full_gradients(points)  # [P, b, d]: the held clients'
+        if self.control_variate == "fixed_point" or self.rate(run.dim) > 0:
+            fixed = self.control_variate == "fixed_point"
+            reference = self.reference_point(run) if fixed else chosen.mode
+            uploads = uploads - run.full_gradients(reference[None].to(points))
+        whitened = whiten(square_root(chosen.preconditioner), uploads).double()
+        total, squares = run.network.sums(whitened, whitened.square())
+        spread = (squares - total.square() / b).clamp_min(0) / (b - 1)  # S^2, [P, d]
+        # E[1/k - 1/b] for k ~ Binomial(b, p) given k >= 1
+        k = torch.arange(1, b + 1, dtype=torch.float64)
+        log_pmf = (
+            math.lgamma(b + 1) - torch.lgamma(k + 1) - torch.lgamma(b - k + 1)
+            + k * math.log(p) + (b - k) * math.log1p(-p)
+        )  # fmt: skip
+        weights = log_pmf.exp() / -math.expm1(b * math.log1p(-p))
+        factor = b**2 * float((weights * (1 / k - 1 / b)).sum())
+        return float((factor * spread).mean(0).max())
+
+    def random_at_full_batch(self, run):
+        return self.compressor.random or self.participation < 1
+
+    def gradient_evaluations(self, minibatches):
+        # theta and the reference point; SVRG with full local batches evaluates theta alone
+        exact_svrg = self.control_variate == "svrg" and not minibatches
+        return 1 if self.control_variate is None or exact_svrg else 2
+
+    def adaptation_noise(self, minibatch_gradients, mode, points, run):
+        rate = self.rate(run.dim)
+        full = None
+        if self.control_variate == "svrg" or rate > 0:
+            full = run.potential.full_client_grads(mode)  # the clients' full gradients at the mode, once
+        return estimate_noise(
+            minibatch_gradients,
+            mode,
+            points,
+            full,
+            run.network,
+            self.compressor,
+            control_variate=self.control_variate,
+            participation=self.participation,
+            memory_rate=rate,
+        )
 
     def init(self, positions):
         if self.control_variate == "svrg":

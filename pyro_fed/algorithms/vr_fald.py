@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import traffic
+from . import adaptation, traffic
 from .fald import Fald, local_and_average, position
 
 __all__ = [
@@ -140,17 +140,42 @@ def averages(communicated: np.ndarray, refreshed: np.ndarray) -> np.ndarray:
 class VrFald(Fald):
     """VR-FALD⋆ as an :class:`~pyro_fed.algorithms.base.Algorithm`: FALD's settings, and
 
-    :param float refresh_prob: :math:`p_r`, the probability of a refresh of the pair per iteration.
+    :param float refresh_prob: :math:`p_r`, the probability of a refresh of the pair per iteration
+        (``None``: automatic, resolved for the run by :meth:`resolve`).
     :param full_gradients: maps points ``[r, d]`` to every client's full local gradient there,
-        ``[r, b, d]``.
-    :param bool exact_gradients: the minibatches are the clients' full data.
+        ``[r, b, d]`` (the run's).
+    :param bool exact_gradients: the minibatches are the clients' full data (the run's).
     """
 
-    refresh_prob: float
-    full_gradients: Callable[[torch.Tensor], torch.Tensor]
+    refresh_prob: float | None = None
+    full_gradients: Callable[[torch.Tensor], torch.Tensor] | None = None
     exact_gradients: bool = False
 
     state_type = VrFaldState
+
+    def resolve(self, run):
+        refresh_prob = self.refresh_prob
+        if refresh_prob is None:
+            # with exact gradients and an average every iteration the shifts cancel in the average (the
+            # clients' mean of G^i is grad U / b for any pair): this is FALD, and refreshes would only cost
+            exact_average = run.exact_gradients and self.averages_every_iteration()
+            refresh_prob = 0.0 if exact_average else run.event_probability
+        return {
+            "refresh_prob": refresh_prob,
+            "full_gradients": run.full_gradients,
+            "exact_gradients": run.exact_gradients,
+        }
+
+    def gradient_evaluations(self, minibatches):
+        # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
+        return 2 if minibatches else 1
+
+    def adaptation_noise(self, minibatch_gradients, mode, points, run):
+        return adaptation.control_variate_error(minibatch_gradients, mode, points)
+
+    def upload_rate(self, run):
+        # see averages; automatic refreshes are rare (a tenth of the data evaluations)
+        return self.comm_prob + 2 * (self.refresh_prob or 0.0)
 
     def init(self, positions):
         # the clients upload their full gradients at the initial point and the server broadcasts the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -16,7 +17,7 @@ from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..algorithms import adaptation, convergence
-from ..algorithms.base import Algorithm
+from ..algorithms.base import Algorithm, Run
 from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING
 from ..data.minibatch import MinibatchSampler, client_batch_sizes
 from ..data.partition import check_clients
@@ -93,12 +94,13 @@ class FederatedKernel(MCMCKernel):
     state ``[C, b, d]`` in one process, with independent noise, minibatches and coins; Pyro then receives them
     one chain after another, as it would from independent runs.
 
-    Subclasses implement :meth:`make_algorithm`, which builds the run's
-    :class:`~pyro_fed.algorithms.base.Algorithm` (the pure tensor code of :mod:`pyro_fed.algorithms`), and
-    set :attr:`server_step` for a server's steps. This class owns the rest: the
-    :class:`~pyro_fed.model.potential.FederatedPotential`, the randomness, the minibatches, the network,
-    reverting diverging steps (non-finite or exploded: counted as divergences), the buffers and the per-draw
-    statistics.
+    A subclass checks its own arguments and builds its :class:`~pyro_fed.algorithms.base.Algorithm` (the
+    pure tensor code of :mod:`pyro_fed.algorithms`) with their settings, which it passes as ``algorithm``:
+    the algorithm tells the warm-up what it needs adapted, and is bound to each run after the warm-up
+    (:meth:`~pyro_fed.algorithms.base.Algorithm.bind`). This class owns the rest: the
+    :class:`~pyro_fed.model.potential.FederatedPotential`, the warm-up, the randomness, the minibatches, the
+    network, reverting diverging steps (non-finite or exploded: counted as divergences), the buffers and the
+    per-draw statistics.
 
     :param model: a Pyro model whose likelihood is a plate over data.
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
@@ -106,7 +108,8 @@ class FederatedKernel(MCMCKernel):
         :mod:`pyro_fed.data.partition`).
     :param float step_size: the step size :math:`\\gamma` (default ``None``: chosen before the chains start,
         from the curvature of the potential at its mode and at typical points, then checked by a pilot run
-        within the warm-up's upload rounds; see :meth:`upload_rate`, :mod:`pyro_fed.algorithms.adaptation`).
+        within the warm-up's upload rounds; see
+        :meth:`~pyro_fed.algorithms.base.Algorithm.upload_rate`, :mod:`pyro_fed.algorithms.adaptation`).
     :param preconditioner: the inverse mass of the preconditioned steps: diagonal :math:`m`,
         :math:`X - \\gamma\\, m \\odot \\hat\\nabla U + \\sqrt{2\\gamma m} \\odot Z`, or dense :math:`M = R
         R^\\top`, :math:`X - \\gamma M \\hat\\nabla U + \\sqrt{2\\gamma} R Z`. ``None`` (default: adapted when
@@ -177,6 +180,8 @@ class FederatedKernel(MCMCKernel):
     :param int checkpoint_every: draws per chain computed between checkpoints (at a chunk's end, so a write
         may come a chunk later). Default ``None``: a tenth of the run's draws (``warmup_steps + num_samples``,
         rounded up), or every chunk for a kernel driven by hand.
+    :param algorithm: the subclass's :class:`~pyro_fed.algorithms.base.Algorithm`, built with its settings
+        alone (its kernel's arguments).
     """
 
     def __init__(
@@ -184,6 +189,7 @@ class FederatedKernel(MCMCKernel):
         model: Callable,
         clients=None,
         *,
+        algorithm: Algorithm,
         step_size: float | None = None,
         preconditioner=None,
         batch_size: int | float | str | None = None,
@@ -201,6 +207,14 @@ class FederatedKernel(MCMCKernel):
             given = dict(locals())
             self._arguments = ((model, clients), {k: v for k, v in given.items() if k not in CALLED})
         self.model = model
+        if not isinstance(algorithm, Algorithm) or algorithm.network is not None:
+            raise TypeError(
+                "algorithm must be a pyro_fed.algorithms.base.Algorithm built with its settings alone "
+                f"(bound to each run by the kernel); got {algorithm!r}."
+            )
+        #: the algorithm's settings (an unbound :class:`~pyro_fed.algorithms.base.Algorithm`), which the
+        #: warm-up reads; :attr:`algorithm` is the run's, bound to it
+        self.settings = algorithm
         #: the checkpoint's file path and interval (see the parameters)
         self.checkpoint, self.checkpoint_every = check_checkpoint(checkpoint, checkpoint_every)
         if network is not None and not isinstance(network, Network):
@@ -221,7 +235,7 @@ class FederatedKernel(MCMCKernel):
         self.batch_size = check_batch_size(batch_size)
         self.thinning = check_positive_int("thinning", thinning, "chosen with an automatic step, else 1")
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        if isinstance(prior_weights, str) and prior_weights == "server" and not self.server_step:
+        if isinstance(prior_weights, str) and prior_weights == "server" and not algorithm.server_step:
             raise ValueError(
                 f"prior_weights='server': {type(self).__name__} has no server step to add the prior to: "
                 "split it among the clients ('proportional', 'uniform' or a tensor), or use "
@@ -250,31 +264,19 @@ class FederatedKernel(MCMCKernel):
         self._fingerprint: dict | None = None  # of the run's configuration, with a checkpoint
         self._checkpointed = 0  # draws per chain computed at the last checkpoint
         self._checkpoint_interval = 1  # draws per chain between checkpoints, fixed at set-up
+        self._run: Run | None = None  # what the run gives the algorithm (see Algorithm.bind)
+        self._finished = algorithm  # the settings as the warm-up's last word left them (finish_adaptation)
+        self._finish_problems: list[str] = []  # what that last word found, repeated at the end of the run
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
             cls.__init__ = _recording(cls.__dict__["__init__"])
 
-    # ------------------------------------------------------- subclass API
-    #: whether a server takes the algorithm's steps on the whole potential (QLSD), rather than every client on
-    #: its own (FALD): the warm-up then chooses the step for the stiffness of the sum of the clients'
-    #: potentials, and the prior may stay on the server (``prior_weights="server"``)
-    server_step: bool = False
-    #: whether the chains start at draws of the warm-up's Laplace approximation when no start is given (with
-    #: the run's inverse mass as its covariance: a kernel whose run's inverse mass is not that approximation,
-    #: pSGLD's identity, starts from the init strategy's points instead)
-    laplace_starts: bool = True
     #: statistics that hold every client's iterate (``[draws, b, d]`` per chain), not a number per draw, with
     #: the name of their client dimension: :func:`~pyro_fed.to_inference_data` gives each an ArviZ group of
     #: its own, named after it
     client_iterates: dict[str, str] = {}
-
-    def make_algorithm(self, **common) -> Algorithm:
-        """The run's :class:`~pyro_fed.algorithms.base.Algorithm`, its settings resolved, built at set-up
-        after the warm-up; ``common`` are the fields every algorithm has (the network, attached to the run,
-        the number of chains, the dimension, the dtype and the device)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------- Pyro MCMCKernel
     def build_potential(self, *args, network: Network | None = None, **kwargs) -> FederatedPotential:
@@ -328,16 +330,31 @@ class FederatedKernel(MCMCKernel):
         self.rng = Randomness(seed, pot.device)
         self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
         self._chain, self._served = 0, 0
-        positions, inverse_mass = self._starts(network, saved, adaptation_seed, num_chains)
-        if saved is None:
-            self.warn_before_run()
-        algorithm = self.make_algorithm(
+        self._run = Run(
             network=network,
             num_chains=num_chains,
             dim=pot.dim,
             dtype=pot.dtype,
             device=pot.device,
+            potential=pot,
+            full_gradients=self._full_gradients,
+            mode=self._mode,
+            step_size=self.step_size,
+            thinning=self.thinning,
+            num_samples=self.plan.num_samples,
         )
+        self._finished, self._finish_problems = self.settings, []
+        positions, inverse_mass = self._starts(network, saved, adaptation_seed, num_chains)
+        self._run = dataclasses.replace(
+            self._run,
+            chosen=self.adaptation,
+            step=self.current_step_size,
+            exact_gradients=self.full_local_batches,
+            event_probability=self._event_probability(),
+        )
+        if saved is None:
+            self.warn_before_run()
+        algorithm = self._finished.bind(self._run)
         if saved is None:
             state = tuple(algorithm.init(positions))
             self._start = checkpoints.Start(positions, inverse_mass, (seed, adaptation_seed))
@@ -457,6 +474,12 @@ class FederatedKernel(MCMCKernel):
         )
 
     @property
+    def current_run(self) -> Run | None:
+        """What the current run gives its algorithm (:class:`~pyro_fed.algorithms.base.Run`: the network,
+        the shapes, the model's gradients, what the warm-up chose; ``None`` before set-up)."""
+        return self._run
+
+    @property
     def algorithm(self) -> Algorithm | None:
         """The run's :class:`~pyro_fed.algorithms.base.Algorithm` (``None`` before set-up)."""
         return None if self.runner is None else self.runner.algorithm
@@ -499,11 +522,13 @@ class FederatedKernel(MCMCKernel):
                 self._sampler(),
                 start,
                 seed,
-                self.warmup_preconditioner if given is None else given,
+                self.settings.warmup_preconditioner if given is None else given,
                 form,
                 max_pilot_iterations=self._pilot_budget(),
             )
-            self.adaptation = self.finish_adaptation(chosen)
+            self.adaptation, self._finished, self._finish_problems = self.settings.finish_adaptation(
+                chosen, self._run
+            )
             return self.adaptation.preconditioner
         return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
 
@@ -511,29 +536,33 @@ class FederatedKernel(MCMCKernel):
         """What the warm-up must know of this kernel (:class:`~pyro_fed.kernels.warmup.Sampler`): its
         settings, or those ``chosen`` already (the minibatch and the thinning, when the preconditioner is
         measured again from the draws)."""
+        algorithm, run = self.settings, self._run
         settings = {
             "step_size": self.step_size,
             "thinning": self.thinning,
             "batch_size": self.batch_size,
-            "chooses_batch_size": self.chooses_batch_size(),
+            # when neither the minibatch nor the step is given
+            "chooses_batch_size": self.batch_size is None
+            and self.step_size is None
+            and algorithm.reads_minibatches(),
             **chosen,
         }
         return warmup.Sampler(
-            name=type(self).__name__,
-            server_step=self.server_step,
-            averages_every_iteration=self.averages_every_iteration(),
-            random_at_full_batch=self.random_at_full_batch(),
-            gradient_evaluations=self.gradient_evaluations(minibatches=True),
-            adaptation_noise=self.adaptation_noise,
-            chosen_step=self.chosen_step,
+            name=type(algorithm).__name__,
+            server_step=algorithm.server_step,
+            averages_every_iteration=algorithm.averages_every_iteration(),
+            random_at_full_batch=algorithm.random_at_full_batch(run),
+            gradient_evaluations=algorithm.gradient_evaluations(minibatches=True),
+            adaptation_noise=functools.partial(algorithm.adaptation_noise, run=run),
+            chosen_step=functools.partial(algorithm.chosen_step, run=run),
             gradient_mode=self.gradient_mode,
             **settings,
         )
 
     def _pilot_budget(self) -> float:
         """The pilot's iterations per iteration of a draw: as many upload rounds per particle as a chain's
-        warm-up (see :meth:`upload_rate`)."""
-        return self._warmup_steps * min(1.0, self.upload_rate())
+        warm-up (see :meth:`~pyro_fed.algorithms.base.Algorithm.upload_rate`)."""
+        return self._warmup_steps * min(1.0, self.settings.upload_rate(self._run))
 
     @property
     def current_step_size(self) -> float | None:
@@ -556,10 +585,11 @@ class FederatedKernel(MCMCKernel):
 
     def iteration_data(self) -> int:
         """Data evaluations per iteration of the current run, summed over clients and chains' one copy: each
-        client's minibatch (or its data) times :meth:`gradient_evaluations`."""
+        client's minibatch (or its data) times the algorithm's
+        :meth:`~pyro_fed.algorithms.base.Algorithm.gradient_evaluations`."""
         sizes = self.potential.all_client_sizes
         used = sizes if self.full_local_batches else client_batch_sizes(self.current_batch_size, sizes)
-        return self.gradient_evaluations(not self.full_local_batches) * int(used.sum())
+        return self.settings.gradient_evaluations(not self.full_local_batches) * int(used.sum())
 
     def _event_probability(self) -> float:
         """The automatic probability per iteration of an event that evaluates all the data (VR-FALD⋆'s
@@ -569,65 +599,9 @@ class FederatedKernel(MCMCKernel):
             self.iteration_data(), int(self.potential.all_client_sizes.sum())
         )
 
-    def warmup_preconditioner(self, curvature: torch.Tensor) -> torch.Tensor | None:
-        """The inverse mass the warm-up chooses the step for, from the Hessian diagonal of :math:`U` at the
-        mode (``[d]``), when the kernel has its own (pSGLD: the stationary value of its adaptive
-        :math:`G`); ``None`` (the default): the warm-up's Laplace approximation, diagonal or dense."""
-        return None
-
-    def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
-        """What the warm-up chose, with the kernel's own last word (D-ULA: a step its graph's mixing
-        allows); as it is by default."""
-        return chosen
-
     def warn_before_run(self) -> None:
         """The kernel's own warnings once the warm-up chose its settings, before the chains start (FALD's
         client drift); none by default."""
-
-    def chooses_batch_size(self) -> bool:
-        """Whether the warm-up chooses the minibatch size: when neither it nor the step size is given."""
-        return self.batch_size is None and self.step_size is None
-
-    def chosen_step(self, client_step: float) -> float:
-        """The kernel's ``step_size`` from the adaptation's step (a client's, or the server's): the same by
-        default."""
-        return client_step
-
-    def averages_every_iteration(self) -> bool:
-        """Whether every iteration ends with all clients at their average (FALD with ``comm_prob = 1``): their
-        local steps are then one Langevin step of size :math:`\\gamma / b` on :math:`U`, stable as that step
-        is, whatever each client's own curvature (the warm-up takes the stiffness of :math:`U` then)."""
-        return False
-
-    def upload_rate(self) -> float:
-        """The expected number of rounds per iteration in which every client uploads ``d`` floats (1 by
-        default). The warm-up's pilot run, which uploads a gradient per particle at every iteration, runs for
-        at most ``warmup_steps * thinning * upload_rate()`` iterations: as many rounds per particle as a
-        chain's warm-up, so that it never dominates the communication of a kernel that communicates rarely."""
-        return 1.0
-
-    def random_at_full_batch(self) -> bool:
-        """Whether the gradient estimates are random even with full local batches (compression, partial
-        participation): the warm-up then measures their noise with full batches too."""
-        return False
-
-    def gradient_evaluations(self, minibatches: bool) -> int:
-        """Evaluations of each datum of a minibatch (or of the full local data) per iteration: 1, or 2 for
-        a control variate's two points (the warm-up chooses minibatches only where they evaluate at most half
-        the data)."""
-        return 1
-
-    def adaptation_noise(
-        self, minibatch_gradients: Callable, mode: torch.Tensor, points: torch.Tensor
-    ) -> torch.Tensor:
-        """``[R, P, b, d]`` draws of what makes the clients' gradient estimates noisy at ``P`` typical points
-        ``points`` (``[P, d]``, draws of the Laplace approximation around ``mode``): their minibatch gradients
-        (``minibatch_gradients`` maps points ``[P, d]`` to ``[R, P, b, d]`` on ``R`` minibatches). Samplers
-        with control variates measure the error of their own estimate instead; a server's estimate is one
-        "client" (``b = 1``). Whatever it measures, it must draw the clients' estimates from
-        ``minibatch_gradients``: one that never calls it cannot see a minibatch's noise, and the warm-up then
-        keeps full local batches, with a warning."""
-        return minibatch_gradients(points)
 
     def _mode(self, what: str, cost: str, remedy: str) -> torch.Tensor:
         """The potential's mode, for a sampler's own use of it (QLSD⋆'s fixed point, FSGLD's surrogates): the
@@ -652,7 +626,7 @@ class FederatedKernel(MCMCKernel):
     def _starts_from_laplace(self) -> bool:
         """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""
         return (
-            self.laplace_starts
+            self.settings.laplace_starts
             and self.adaptation is not None
             and self.init_strategy is None
             and self.plan.initial_params is None
@@ -727,7 +701,7 @@ class FederatedKernel(MCMCKernel):
             self.adaptation is not None
             and self.step_size is None
             and not isinstance(self.preconditioner, torch.Tensor)
-            and type(self).finish_adaptation is FederatedKernel.finish_adaptation
+            and not self.settings.finishes_adaptation
         )
         if (
             not automatic
@@ -907,7 +881,7 @@ class FederatedKernel(MCMCKernel):
                 f"{adaptation.PILOT_DURATION:g} (the warm-up's upload rounds cut it): more warmup_steps let "
                 "it look farther"
             )
-        return problems
+        return problems + self._finish_problems
 
     def logging(self) -> OrderedDict:
         """What the progress bar shows: the step size, the divergences, the averaging rounds and the bits

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..algorithms import adaptation, dglmc
+from ..algorithms import dglmc
 from .arguments import check_positive, check_positive_int
 from .base import FederatedKernel
 
@@ -114,9 +114,10 @@ class DglmcKernel(FederatedKernel):
         local_steps: int = 1,
         **kwargs,
     ):
-        super().__init__(model, clients, **kwargs)
         self.tolerance = check_tolerance(tolerance)
         self.local_steps = check_positive_int("local_steps", local_steps)
+        algorithm = dglmc.Dglmc(tolerance=self.tolerance, local_steps=self.local_steps)
+        super().__init__(model, clients, algorithm=algorithm, **kwargs)
         if self.step_size is not None and self.tolerance is None and not isinstance(self.preconditioner, str):
             raise ValueError(
                 "tolerance=None is chosen from the warm-up's curvature, and with a step_size of yours the "
@@ -124,112 +125,16 @@ class DglmcKernel(FederatedKernel):
                 "preconditioner='adapt', or leave step_size out."
             )
         if self.step_size is not None and self.tolerance is not None:
-            self._check_step(self.step_size, float(torch.as_tensor(self.tolerance).min()))
+            dglmc.check_step(self.step_size, float(torch.as_tensor(self.tolerance).min()))
         if self.local_steps > 1 and self.batch_size not in (None, "full"):
             raise ValueError(
                 f"local_steps={self.local_steps} with batch_size={self.batch_size!r}: the local steps of an "
                 "iteration would reuse its minibatch. Use full local batches (batch_size=None or 'full'), "
                 "or local_steps=1."
             )
-        # the tolerances and the steps' factors resolved for an adaptation (see _settings)
-        self._resolved = None
-
-    @staticmethod
-    def _check_step(step: float, tolerance: float) -> None:
-        if step >= 2 * tolerance:
-            raise ValueError(
-                f"step_size={step:.3g} is at least twice the tolerance {tolerance:.3g}: a client's "
-                "conditional has curvature at least 1/tolerance, on which such a step diverges. Pass a "
-                "step_size below 2 * tolerance (0.2 * tolerance keeps its bias near 10%), or leave it out."
-            )
-
-    # ---------------------------------------------------------------- set-up
-    def chooses_batch_size(self) -> bool:
-        # the local steps of an iteration share its minibatch: full local batches with more than one
-        return super().chooses_batch_size() and self.local_steps == 1
-
-    def gradient_evaluations(self, minibatches: bool) -> int:
-        return self.local_steps
-
-    def finish_adaptation(self, chosen):
-        """With the warm-up's measures: the automatic tolerance (one more round of uploads: the clients'
-        Hessians times their gradients at the mode), the automatic step for the clients' conditionals, and
-        the thinning for the clients' centre's step :math:`\\gamma / b` on :math:`U`."""
-        tolerance, steps, rounds = self._resolve(chosen)
-        step = float(steps.max())
-        thinning = chosen.thinning
-        if self.thinning is None and self.step_size is None:  # 1 with a step of the user's, as elsewhere
-            thinning = adaptation.thinning_for(float(steps.mean()) / self.network.num_clients, chosen.slowest)
-        finished = chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + rounds)
-        self._resolved = (finished, tolerance, steps / step)
-        return finished
-
-    def _resolve(self, chosen) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Every client's tolerance and step (``[b]`` each) for the warm-up's measures ``chosen``, and the
-        rounds of uploads they cost."""
-        b = self.network.num_clients
-        rounds = 0
-        if self.tolerance is None:
-            tolerance = torch.full(
-                (b,), dglmc.automatic_tolerance(chosen.stiffness, chosen.slowest, self._pull(chosen))
-            )
-            rounds = 1
-        else:
-            tolerance = self._given_tolerance()
-        if self.step_size is None:
-            steps = dglmc.automatic_step(chosen.stiffness, tolerance, chosen.noise, b)
-        else:
-            self._check_step(self.step_size, float(tolerance.min()))
-            steps = torch.full((b,), self.step_size, dtype=torch.float64)
-        return tolerance.double(), steps, rounds
-
-    def _pull(self, chosen) -> float:
-        r""":math:`\|\sum_i \tilde A_i \tilde g_i\|`: the clients' Hessians times their gradients at the mode,
-        in the preconditioned coordinates (:math:`R \nabla^2 U^i M \nabla U^i`; one Hessian-vector product per
-        client, on its own data, summed by the network)."""
-        pot = self.potential
-        root = adaptation.square_root(chosen.preconditioner)
-        grads = self._full_gradients(chosen.mode[None])  # [1, b, d]
-        tangents = adaptation.whiten(root, adaptation.whiten(root, grads))  # M grad (R symmetric)
-        products = adaptation.hessian_products(pot.full_gradient_fn, chosen.mode, tangents)
-        return float(self.network.sum(adaptation.whiten(root, products)).double().norm())
-
-    def _given_tolerance(self) -> torch.Tensor:
-        b = self.network.num_clients
-        if isinstance(self.tolerance, torch.Tensor):
-            if len(self.tolerance) != b:
-                raise ValueError(
-                    f"tolerance has {len(self.tolerance)} values; the run has {b} clients: give one per "
-                    "client, or a single number for all."
-                )
-            return self.tolerance.double()
-        return torch.full((b,), self.tolerance, dtype=torch.float64)
-
-    def _settings(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The run's tolerances and step factors :math:`\\gamma_i / \\gamma` (``None``: all 1)."""
-        chosen = self.adaptation
-        if chosen is None:
-            return self._given_tolerance(), None
-        if self._resolved is None or self._resolved[0] is not chosen:
-            # resumed from a checkpoint: the warm-up's measures give the same settings again (the rounds
-            # were counted by the run that chose them)
-            tolerance, steps, _ = self._resolve(chosen)
-            self._resolved = (chosen, tolerance, steps / float(steps.max()))
-        _, tolerance, factors = self._resolved
-        return tolerance, None if bool((factors == 1).all()) else factors
 
     @property
     def current_tolerance(self) -> torch.Tensor | None:
         """:math:`\\rho_i` of the current run, ``[b]`` (``None`` before set-up)."""
         algorithm = self.algorithm
         return None if algorithm is None else algorithm.tolerance
-
-    def make_algorithm(self, **common) -> dglmc.Dglmc:
-        tolerance, factors = self._settings()
-        return dglmc.Dglmc(
-            tolerance=tolerance,
-            reference_step=self.current_step_size,
-            step_factors=factors,
-            local_steps=self.local_steps,
-            **common,
-        )

@@ -6,18 +6,9 @@ import warnings
 
 import torch
 
-from ..algorithms import adaptation, convergence, dula
-from ..network.graphs import make_graph
+from ..algorithms import convergence, dula
 from .arguments import check_positive
 from .base import FederatedKernel
-
-#: the largest gap, in posterior sds, between the average's stationary mean and the mode that the automatic
-#: constant step allows in the agents' quadratic model (see
-#: :func:`pyro_fed.algorithms.dula.consensus_analysis`)
-CONSENSUS_MEAN_TARGET = 0.1
-#: antithetic pairs of disagreement draws at each typical point, and steps tried at most, for the drift
-#: that the agents' disagreement causes (see ``DulaKernel._within_disagreement``)
-DISAGREEMENT_PAIRS, DISAGREEMENT_CHECKS = 16, 12
 
 
 class DulaKernel(FederatedKernel):
@@ -38,14 +29,13 @@ class DulaKernel(FederatedKernel):
 
     The automatic constant step is the warm-up's (as for the other kernels: each agent's local step
     :math:`\alpha n` stable on its own potential, checked by the pilot run), shrunk until the agents'
-    disagreement costs the average little: in a diagonal quadratic model of the agents at the mode (their
-    curvatures and gradients there, the graph's Laplacian;
-    :func:`~pyro_fed.algorithms.dula.consensus_analysis`), the average's stationary variance within 10% of
-    the posterior's and its mean within a tenth of a posterior standard deviation in every coordinate.
-    Identical agents cost nothing (their disagreement cancels in the average); heterogeneous ones on a
-    slowly mixing graph (a long ring) cost a smaller step.
-    The decaying schedule makes a long run mix ever more slowly; the end of the run says so when its steps
-    covered too few relaxation times for its draws to be independent.
+    disagreement costs the average little (:mod:`pyro_fed.algorithms.dula_step`): in a diagonal quadratic
+    model of the agents at the mode (their curvatures and gradients there, the graph's Laplacian), the
+    average's stationary variance within 10% of the posterior's and its mean within a tenth of a posterior
+    standard deviation in every coordinate. Identical agents cost nothing (their disagreement cancels in the
+    average); heterogeneous ones on a slowly mixing graph (a long ring) cost a smaller step. The decaying
+    schedule makes a long run mix ever more slowly; the end of the run says so when its steps covered too few
+    relaxation times for its draws to be independent.
 
     **Reference:** Parayil, Bai, George, Gurram, *Decentralized Langevin dynamics for Bayesian learning*,
     NeurIPS 2020.
@@ -91,13 +81,8 @@ class DulaKernel(FederatedKernel):
         prior_weights="uniform",
         **kwargs,
     ):
-        super().__init__(model, clients, prior_weights=prior_weights, **kwargs)
         self.record_agents = bool(record_agents)
-        # why the automatic step leaves too few independent draws (finish_adaptation)
-        self._step_report = None
         self.graph_spec = graph
-        #: the agents' :class:`~pyro_fed.network.graphs.Graph`, built at set-up
-        self.graph = None
         if schedule not in self.SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: use one of {self.SCHEDULES}.")
         self.schedule = schedule
@@ -130,201 +115,24 @@ class DulaKernel(FederatedKernel):
         if not isinstance(step_offset, (int, float)) or step_offset < 0:
             raise ValueError(f"step_offset must be a non-negative number; got {step_offset!r}.")
         self.step_offset = float(step_offset)
-
-    def _graph(self):
-        """The graph over all the run's agents, built once for their number."""
-        n = self.network.num_clients
-        if self.graph is None or self.graph.num_agents != n:
-            self.graph = make_graph(self.graph_spec, n)
-        return self.graph
-
-    def _consensus_size(self) -> float:
-        r""":math:`b`: the user's, or :math:`1 / \lambda_{\max}(L)` (0 for one agent)."""
-        if self.consensus_size is not None:
-            return self.consensus_size
-        lambda_max = self._graph().lambda_max
-        return 1.0 / lambda_max if lambda_max > 0 else 0.0
-
-    def make_algorithm(self, **common) -> dula.Dula:
-        self._consensus = self._consensus_size()
-        return dula.Dula(
-            graph=self._graph(),
-            consensus_size=self._consensus,
+        algorithm = dula.Dula(
+            graph=graph,
+            consensus_size=self.consensus_size,
+            schedule=schedule,
             step_decay=self.step_decay,
             consensus_decay=self.consensus_decay,
             step_offset=self.step_offset,
             record_agents=self.record_agents,
-            **common,
         )
+        super().__init__(model, clients, algorithm=algorithm, prior_weights=prior_weights, **kwargs)
 
-    def chosen_step(self, client_step: float) -> float:
-        """:math:`a` such that the first step :math:`\\alpha_0 = a / (k_0 + 1)^{\\delta_2}` is
-        :math:`\\gamma / n`, from the adaptation's client step :math:`\\gamma` (each agent steps with
-        :math:`\\alpha n` on its share)."""
-        return client_step / self.network.num_clients * (self.step_offset + 1.0) ** self.step_decay
-
-    def finish_adaptation(self, chosen):
-        """With an automatic constant step: the largest at most the warm-up's at which the agents'
-        disagreement costs the average little (:func:`~pyro_fed.algorithms.dula.consensus_analysis`, from
-        each agent's curvature and gradient at the mode: one more round of uploads; then the drift that
-        their disagreement causes on the curved potential), the thinning with it. A step cut so far that the
-        run's draws cannot be independent (``_step_problem``) is reported with a warning now, before the
-        run, and again by the end-of-run checks."""
-        pot = self.potential
-        self._step_report = None
-        if self.step_size is not None or self.schedule != "constant" or self.network.num_clients == 1:
-            return chosen
-        graph = self._graph()
-        # each coordinate in the Laplace approximation's posterior sds: its curvature shares and gradients
-        total = adaptation.floored_curvature(chosen.curvature)
-        # the analysis reads every agent's share, wherever the agents are held
-        gradients = self.network.gather(pot.full_client_grads(chosen.mode)) / total.sqrt()
-        self.network.record_averages(1, shared=True)
-        shares = self.network.gather(chosen.client_curvatures) / total
-        consensus = dula.consensus_analysis(
-            chosen.step_size,
-            shares,
-            gradients,
-            graph.laplacian,
-            self._consensus_size(),
-            variance_target=adaptation.VARIANCE_TARGET,
-            mean_target=CONSENSUS_MEAN_TARGET,
-        )
-        step, rounds, drift = self._within_disagreement(chosen, consensus.step)
-        thinning = chosen.thinning
-        if self.thinning is None:
-            thinning = adaptation.thinning_for(step, chosen.slowest)
-        self._step_report = self._step_problem(chosen, consensus, drift, step, thinning, shares)
-        if self._step_report is not None:
-            warnings.warn(f"pyro_fed: {self._step_report}.", stacklevel=2)
-        return chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds)
-
-    def _step_problem(self, chosen, consensus, drift, step: float, thinning: int, shares) -> str | None:
-        r"""A sentence saying why the automatic step leaves the run too few independent draws, or ``None``.
-
-        The average's slowest direction (curvature :math:`\lambda`, ``chosen.slowest``, in the
-        preconditioned coordinates) relaxes in :math:`1 / (a \lambda)` iterations at the step :math:`a`;
-        the run's sampling iterations cover :math:`T = a \lambda K` relaxation times, about :math:`T / 2`
-        independent draws per chain (as for the decaying schedule's check). Reported when that is below
-        ``ESS_PER_CHAIN`` while the thinning is the user's or at its cap (``MAX_THINNING``), so that the
-        step, not ``num_samples``, is what limits the draws, or when a target the step is cut for was met by
-        no step tried (the graph and the split leave no usable step)."""
-        num_samples = self.plan.num_samples
-        covered = step * chosen.slowest * thinning * (num_samples or 0)
-        unmet = not consensus.met or not drift[0]
-        short = (
-            num_samples is not None
-            and covered / 2 < convergence.ESS_PER_CHAIN
-            and self.thinning is None
-            and thinning >= adaptation.MAX_THINNING
-        )
-        if not (unmet or short) or step >= chosen.step_size:
-            return None
-        n, names = self.network.num_clients, self.potential.space.coordinate_names
-        eigenvalues = torch.linalg.eigvalsh(self._graph().laplacian)
-        gap, largest = float(eigenvalues[1]), float(eigenvalues[-1])
-        graph = self.graph_spec if isinstance(self.graph_spec, str) else "graph"
-        reasons = []
-        if consensus.coordinate >= 0 and (not consensus.met or consensus.step < chosen.step_size):
-            k = consensus.coordinate
-            agents = shares[:, k].argsort(descending=True)[:2].tolist()
-            held = float(shares[agents, k].sum())
-            reasons.append(
-                f"in the agents' quadratic model at the mode, the average's stationary mean is within "
-                f"{CONSENSUS_MEAN_TARGET:g} posterior sds of the posterior's and its variance within "
-                f"{adaptation.VARIANCE_TARGET:.0%} {'only at steps up to' if consensus.met else 'at no step'}"
-                f"{'' if consensus.met else ' down to'} {consensus.step:.3g} "
-                f"({'there' if consensus.met else 'at that step'}: the mean {consensus.mean:.3g} sds off, "
-                f"the variance {consensus.variance:.1%} off; worst in {names[k]}, "
-                f"where agents {agents[0]} and {agents[1]} hold {held:.0%} of the curvature)"
-            )
-        met, value, cut_for_drift = drift
-        if cut_for_drift:
-            reasons.append(
-                f"the drift of the average that the agents' disagreement causes on the curved potential is "
-                f"{value:.3g} posterior sds at {step:.3g}, {'within' if met else 'still above'} its "
-                f"target of {CONSENSUS_MEAN_TARGET:g}"
-            )
-        sentence = (
-            f"D-ULA's automatic step is {step:.3g}, the warm-up's {chosen.step_size:.3g} (stable for each "
-            f"agent) cut {chosen.step_size / step:.3g}-fold on this {graph} of {n} agents (the Laplacian's "
-            f"spectral gap {gap:.3g}, its largest eigenvalue {largest:.3g}): "
-            f"{'; '.join(reasons)}. An iteration moves the average {step * chosen.slowest:.3g} of a "
-            "relaxation time of its slowest direction"
-        )
-        if num_samples is not None:
-            sentence += (
-                f"; the {num_samples} draws of {thinning} iterations cover {covered:.3g} relaxation times, "
-                f"about {covered / 2:.3g} independent draws per chain"
-            )
-        what = "the graph and the split leave no usable step" if unmet else "the chains will barely move"
-        return (
-            f'{sentence}. So {what}: a better-connected graph ("complete" mixes in one exchange), clients '
-            "whose data are alike, or a step_size of your own (at the cost of the bias these targets bound)"
-            + ("" if unmet else ", or more num_samples")
-        )
+    @property
+    def graph(self):
+        """The agents' :class:`~pyro_fed.network.graphs.Graph` of the current run (``None`` before set-up)."""
+        return None if self.algorithm is None else self.algorithm.graph
 
     def warmup_problems(self) -> list[str]:
-        problems = super().warmup_problems()
-        if self._step_report is not None and self.adaptation is not None:
-            problems.append(self._step_report)
-        return problems + self._decaying_problems()
-
-    def _within_disagreement(self, chosen, step: float) -> tuple[float, int, tuple[bool, float, bool]]:
-        r"""The step, shrunk until the agents' gradients at their own, disagreeing points drift the average
-        by at most ``CONSENSUS_MEAN_TARGET`` posterior sds, the rounds of uploads it cost, and whether the
-        target was met, the drift at the step returned and whether any step was cut for it.
-
-        The quadratic model of :func:`~pyro_fed.algorithms.dula.consensus_analysis` is blind to it: the
-        agents sit about :math:`\sqrt{2\alpha n}` posterior sds from their average (:func:`~pyro_fed.
-        algorithms.dula.disagreement`), where a curved potential's gradients no longer average to the
-        gradient at the average. Measured with the agents' real gradients at the typical points, with the
-        disagreement drawn in antithetic pairs :math:`\pm e` (the linear term cancels exactly, leaving the
-        curvature's), as the drift error :math:`\frac12 E[G(x + e) + G(x - e)] - \nabla U(x)`, :math:`G(z)
-        = \sum_i \nabla U_i(z_i)`, averaged over the points, in the preconditioned coordinates (a mean
-        shift in posterior sds). The step is halved until the drift is within the target, then bisected
-        (geometrically) twice between the last step that missed it and the first that met it: the drift
-        grows with the disagreement, which grows with the step until the graph's slow modes saturate."""
-        missed, met, rounds, drifts = None, None, 0, {}
-        for _ in range(DISAGREEMENT_CHECKS):
-            rounds += 1  # the agents upload their gradients at all the draws together
-            drifts[step] = self._disagreement_drift(chosen, step)
-            if drifts[step] <= CONSENSUS_MEAN_TARGET:
-                met = step
-                if missed is None:  # the largest step tried: nothing to refine
-                    break
-            else:
-                missed = step
-            if met is None:
-                step /= 2
-            elif missed / met <= 1.5:
-                break
-            else:
-                step = (missed * met) ** 0.5
-        if met is None:  # the last step tried
-            met_step = min(drifts)
-            return met_step, rounds, (False, drifts[met_step], True)
-        return met, rounds, (True, drifts[met], missed is not None)
-
-    def _disagreement_drift(self, chosen, step: float) -> float:
-        """The largest drift of the average, in posterior sds, from the agents' disagreement at ``step``
-        (see :meth:`_within_disagreement`)."""
-        pot, root, points = (
-            self.potential,
-            adaptation.square_root(chosen.preconditioner),
-            chosen.typical_points,
-        )
-        generator = torch.Generator().manual_seed(0)  # the same draws for every step tried: a smooth search
-        draws = dula.disagreement(
-            self.graph.laplacian, self._consensus_size(), step, pot.dim, DISAGREEMENT_PAIRS, generator
-        )
-        # the disagreement of all the agents (drawn alike wherever they are held), of which each process
-        # evaluates its own agents' gradients: the sum over all of them is the same for any split
-        offsets = adaptation.whiten(root, draws[:, self.network.held(self.network.num_clients)].to(points))
-        agents = points[:, None, None, :] + torch.cat([offsets, -offsets])[None]  # [P, 2R, b, d]
-        summed = self.network.sum(pot.full_client_grads(agents.reshape(-1, pot.num_clients, pot.dim)))
-        drift = summed.reshape(len(points), -1, pot.dim).mean(1) - pot.total_gradient(points)
-        return float(adaptation.whiten(root, drift.mean(0)).abs().max())
+        return super().warmup_problems() + self._decaying_problems()
 
     def _decaying_problems(self) -> list[str]:
         """The decaying schedule's check: the relaxation times its shrinking steps covered."""

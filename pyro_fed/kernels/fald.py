@@ -111,9 +111,12 @@ class FaldKernel(FederatedKernel):
         checkpoint=None,
         checkpoint_every: int | None = None,
     ):
+        self.comm_prob = check_probability("comm_prob", comm_prob)
+        self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
         super().__init__(
             model,
             clients,
+            algorithm=self._algorithm(),
             step_size=step_size,
             preconditioner=preconditioner,
             batch_size=batch_size,
@@ -127,11 +130,9 @@ class FaldKernel(FederatedKernel):
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
         )
-        self.comm_prob = check_probability("comm_prob", comm_prob)
-        self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
 
-    def make_algorithm(self, **common) -> fald.Fald:
-        return fald.Fald(comm_prob=self.comm_prob, noise_corr=self.noise_corr, **common)
+    def _algorithm(self) -> fald.Fald:
+        return fald.Fald(comm_prob=self.comm_prob, noise_corr=self.noise_corr)
 
     def warn_before_run(self) -> None:
         """Warn when client drift between averaging rounds moves the draws' mean by more than
@@ -166,9 +167,3 @@ class FaldKernel(FederatedKernel):
             "drift.",
             stacklevel=2,
         )
-
-    def averages_every_iteration(self) -> bool:
-        return self.comm_prob == 1.0
-
-    def upload_rate(self) -> float:
-        return self.comm_prob

@@ -73,9 +73,6 @@ class FsgldKernel(FederatedKernel):
     approximation.
     """
 
-    #: the step moves the global iterate on an estimate of the whole potential's gradient
-    server_step = True
-
     def __init__(
         self,
         model: Callable,
@@ -93,7 +90,6 @@ class FsgldKernel(FederatedKernel):
                 "shares of the prior included (a likelihood alone may have no mode to expand around): split "
                 "the prior among the clients ('proportional', the default, 'uniform' or a tensor)."
             )
-        super().__init__(model, clients, **kwargs)
         self.local_steps = check_positive_int("local_steps", local_steps)
         self.client_probs = _check_client_probs(client_probs)
         self.surrogates = _check_surrogates(surrogates)
@@ -105,70 +101,13 @@ class FsgldKernel(FederatedKernel):
                 "(their precisions' shape): leave surrogate_form out."
             )
         self.surrogate_form = surrogate_form
-        self._fitted = None  # (potential, point, surrogates): the last surrogates fitted, kept for the run
-
-    # ---------------------------------------------------------------- set-up
-    def probabilities(self) -> torch.Tensor:
-        """:math:`p` over all the run's clients, ``[b]`` (float64): the user's normalised, or
-        :math:`N_i / N`."""
-        pot = self.potential
-        b = len(pot.all_client_sizes)
-        if self.client_probs is not None and len(self.client_probs) != b:
-            raise ValueError(
-                f"client_probs has {len(self.client_probs)} entries; the run has {b} clients: give one "
-                "positive number per client (in the global client order), or leave it None (p_i = N_i / N)."
-            )
-        return fsgld.client_probabilities(pot.all_client_sizes, self.client_probs)
-
-    def client_surrogates(self, point: torch.Tensor | None = None) -> fsgld.Surrogates:
-        """The held clients' surrogates and their sums: the user's, or fitted at ``point`` (default: the
-        warm-up's mode, or the mode found by L-BFGS), fitted once per point and run."""
-        pot = self.potential
-        if self.surrogates is not None:
-            return self._given_surrogates()
-        if point is None:
-            # the point the surrogates are fitted at: the warm-up's mode, or one found by L-BFGS
-            point = self._mode(
-                "FSGLD's surrogates",
-                "the surrogates are expanded there, which keeps the conducive gradient unbiased but noisier",
-                "Give surrogates",
-            )
-        fitted = self._fitted
-        if fitted is not None and fitted[0] is pot and torch.equal(fitted[1], point):
-            return fitted[2]
-        form = self.surrogate_form
-        dense = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
-        surrogates = fsgld.fit_surrogates(
-            pot.full_gradient_fn, point, pot.num_clients, pot.network, dense=dense
-        )
-        self._fitted = (pot, point.clone(), surrogates)
-        return surrogates
-
-    def _given_surrogates(self) -> fsgld.Surrogates:
-        pot = self.potential
-        means, precisions = (t.to(pot.device, pot.dtype) for t in self.surrogates)
-        b = len(pot.all_client_sizes)
-        if means.shape != (b, pot.dim) or precisions.shape not in ((b, pot.dim, pot.dim), (b, pot.dim)):
-            raise ValueError(
-                f"surrogates: means of shape {tuple(means.shape)} and precisions of shape "
-                f"{tuple(precisions.shape)}; the run has {b} clients and {pot.dim} unconstrained "
-                f"coordinates: give means [{b}, {pot.dim}] and precisions [{b}, {pot.dim}, {pot.dim}] (or "
-                f"[{b}, {pot.dim}], diagonal), for every client in the global order."
-            )
-        held = pot.network.held(b)
-        return fsgld.surrogates_from_moments(means[held], precisions[held], pot.network)
-
-    def make_algorithm(self, **common) -> fsgld.Fsgld:
-        surrogates = self.client_surrogates()
-        # every client uploads its surrogate and downloads their sums, once for all chains: as many
-        # averages of d floats as a surrogate holds
-        self.network.record_averages(surrogates.floats_per_client() // self.potential.dim, shared=True)
-        return fsgld.Fsgld(
-            surrogates=surrogates,
-            probabilities=self.probabilities(),
+        algorithm = fsgld.Fsgld(
             local_steps=self.local_steps,
-            **common,
+            client_probs=self.client_probs,
+            surrogate_moments=self.surrogates,
+            surrogate_form=surrogate_form,
         )
+        super().__init__(model, clients, algorithm=algorithm, **kwargs)
 
     def warn_before_run(self) -> None:
         """Warn when the conducive gradient's noise makes the automatic step more than ``SURROGATE_WARNING``
@@ -201,26 +140,6 @@ class FsgldKernel(FederatedKernel):
             "local_steps or a larger batch_size reduce it." + bias,
             stacklevel=2,
         )
-
-    # ---------------------------------------------------------------- warm-up hooks
-    def random_at_full_batch(self) -> bool:
-        # the round's client is random: with more than one client the estimate is noisy even on full data
-        return self.network.num_clients > 1
-
-    def adaptation_noise(self, minibatch_gradients, mode, points):
-        return fsgld.estimate_noise(
-            minibatch_gradients,
-            points,
-            self.client_surrogates(mode).to(points),
-            self.probabilities(),
-            self.network,
-            self.local_steps,
-        )
-
-    def upload_rate(self) -> float:
-        # one client uploads d floats per round of local_steps iterations: 1 / (b K) of a round in which
-        # every client does
-        return 1.0 / (self.network.num_clients * self.local_steps)
 
 
 def _check_client_probs(value) -> torch.Tensor | None:

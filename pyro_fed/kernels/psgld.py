@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..algorithms import adaptation, psgld
+from ..algorithms import psgld
 from .arguments import check_positive, check_probability
 from .base import FederatedKernel
 
@@ -86,12 +86,6 @@ class PsgldKernel(FederatedKernel):
         >>> kernel = PsgldKernel(model)  # 10 i.i.d. clients, step, minibatch and thinning chosen
     """
 
-    #: the step is the server's, on the whole potential
-    server_step = True
-    #: the run's inverse mass (the identity) is no Laplace approximation to draw the starts from: the init
-    #: strategy's points, pulled to the posterior's typical level, instead
-    laplace_starts = False
-
     def __init__(
         self,
         model: Callable,
@@ -113,33 +107,19 @@ class PsgldKernel(FederatedKernel):
                 "PsgldKernel: prior_weights='server' is QlsdKernel's option; pSGLD's clients hold the prior "
                 "('proportional', the default, 'uniform' or a tensor): their gradients sum to the full one."
             )
-        super().__init__(model, clients, **kwargs)
         self.decay = check_probability("decay", decay, allow_zero=True)
         self.damping = check_positive("damping", damping)
-        #: :math:`G_\star`, the preconditioner the automatic step was chosen for (``[d]``; ``None`` with a
-        #: given ``step_size``, or before the warm-up)
-        self.stationary_preconditioner: torch.Tensor | None = None
+        algorithm = psgld.Psgld(decay=self.decay, damping=self.damping)
+        super().__init__(model, clients, algorithm=algorithm, **kwargs)
 
-    def make_algorithm(self, **common) -> psgld.Psgld:
-        return psgld.Psgld(decay=self.decay, damping=self.damping, **common)
-
-    def adaptation_noise(self, minibatch_gradients, mode, points):
-        # the server's estimate is the clients' sum: one "client"
-        return self.potential.network.sum(minibatch_gradients(points))[..., None, :]
-
-    def warmup_preconditioner(self, curvature: torch.Tensor) -> torch.Tensor:
-        """:math:`G_\\star`, the stationary :math:`G` on a Gaussian posterior with the Hessian diagonal
-        ``curvature`` at the mode (:func:`~pyro_fed.algorithms.psgld.stationary_preconditioner`): the
-        automatic step is chosen for it, and it is kept as :attr:`stationary_preconditioner`."""
-        self.stationary_preconditioner = psgld.stationary_preconditioner(curvature, self.damping)
-        return self.stationary_preconditioner
-
-    def finish_adaptation(self, chosen: adaptation.Adaptation) -> adaptation.Adaptation:
-        """The warm-up's choice with the identity as the run's inverse mass: the step was chosen for
-        :math:`G_\\star`, which :math:`G` supplies as the chain runs. (A kernel with a last word of its own
-        also keeps the warm-up from measuring the preconditioner again from the draws, which pSGLD's
-        :math:`G` replaces.)"""
-        return chosen._replace(preconditioner=torch.ones_like(chosen.mode))
+    @property
+    def stationary_preconditioner(self) -> torch.Tensor | None:
+        """:math:`G_\\star`, the preconditioner the automatic step was chosen for (``[d]``; ``None`` with a
+        given ``step_size``, or before the warm-up): see
+        :meth:`~pyro_fed.algorithms.psgld.Psgld.warmup_preconditioner`."""
+        if self.adaptation is None:
+            return None
+        return self.settings.warmup_preconditioner(self.adaptation.curvature)
 
     def warn_before_run(self) -> None:
         """Warn when the slowest direction relaxes over more than ``MEMORY_WARNING / (1 - decay)`` iterations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..algorithms import adaptation, vr_fald
+from ..algorithms import vr_fald
 from .arguments import check_probability
 from .fald import FaldKernel
 
@@ -41,42 +41,20 @@ class VrFaldKernel(FaldKernel):
     """
 
     def __init__(self, model, clients=None, *, refresh_prob: float | None = None, **kwargs):
-        super().__init__(model, clients, **kwargs)
         self.refresh_prob = None if refresh_prob is None else check_probability("refresh_prob", refresh_prob)
-        self._refresh_prob = self.refresh_prob
+        super().__init__(model, clients, **kwargs)
+
+    def _algorithm(self) -> vr_fald.VrFald:
+        return vr_fald.VrFald(
+            comm_prob=self.comm_prob, noise_corr=self.noise_corr, refresh_prob=self.refresh_prob
+        )
 
     @property
     def current_refresh_prob(self) -> float | None:
-        """:math:`q_c` of the current run: the user's, or the automatic one (``None`` before set-up)."""
-        return self._refresh_prob
-
-    def make_algorithm(self, **common) -> vr_fald.VrFald:
-        self._refresh_prob = self.refresh_prob
-        if self._refresh_prob is None:
-            # with exact gradients and an average every iteration the shifts cancel in the average (the
-            # clients' mean of G^i is grad U / b for any pair): this is FALD, and refreshes would only cost
-            exact_average = self.full_local_batches and self.averages_every_iteration()
-            self._refresh_prob = 0.0 if exact_average else self._event_probability()
-        return vr_fald.VrFald(
-            comm_prob=self.comm_prob,
-            noise_corr=self.noise_corr,
-            refresh_prob=self._refresh_prob,
-            full_gradients=self._full_gradients,
-            exact_gradients=self.full_local_batches,
-            **common,
-        )
+        """:math:`q_c` of the current run: the user's, or the automatic one (the user's, ``None`` when
+        automatic, before set-up)."""
+        return self.refresh_prob if self.algorithm is None else self.algorithm.refresh_prob
 
     def warn_before_run(self) -> None:
         """None: the control variates' shift makes every client's expected gradient the average's, so the
         clients do not drift between rounds."""
-
-    def gradient_evaluations(self, minibatches: bool) -> int:
-        # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
-        return 2 if minibatches else 1
-
-    def adaptation_noise(self, minibatch_gradients, mode, points):
-        return adaptation.control_variate_error(minibatch_gradients, mode, points)
-
-    def upload_rate(self) -> float:
-        # see vr_fald.averages; automatic refreshes are rare (a tenth of the data evaluations)
-        return self.comm_prob + 2 * (self.refresh_prob or 0.0)

@@ -36,7 +36,7 @@ MODE_REFINEMENTS = 2
 class Sampler(NamedTuple):
     """What the warm-up must know of the sampler it adapts, given by its kernel."""
 
-    #: the kernel's name, for messages
+    #: the algorithm's name, for messages
     name: str
     #: the user's step size (``None``: to choose)
     step_size: float | None
@@ -55,7 +55,7 @@ class Sampler(NamedTuple):
     #: evaluations of each datum of a minibatch per iteration (2 for a control variate's two points)
     gradient_evaluations: int
     #: ``(minibatch_gradients, mode, points) -> [R, P, b, d]``: draws of what makes the estimates noisy
-    #: (:meth:`pyro_fed.FederatedKernel.adaptation_noise`)
+    #: (:meth:`pyro_fed.algorithms.base.Algorithm.adaptation_noise`)
     adaptation_noise: Callable
     #: the sampler's step size from the adaptation's step (a client's, or the server's)
     chosen_step: Callable[[float], float]
@@ -76,20 +76,19 @@ def adapt(
     """Choose what the user left automatic in a ``sampler`` (its ``step_size``, ``preconditioner``,
     ``batch_size`` and ``thinning``) from the curvature of the potential ``pot`` at the mode found from
     ``start`` (``[d]``) and at typical points, and from the sampler's gradient noise; the bits the clients
-    upload for it are counted on the potential's network, on the first chain (the choice serves every
-    chain).
+    upload for it are counted on the potential's network, on the first chain (the choice serves every chain).
     ``inverse_mass`` is the user's, if given, or the sampler's own from the Hessian diagonal of :math:`U` at
     the mode (a function of it, which may return ``None``: see
-    :meth:`~pyro_fed.FederatedKernel.warmup_preconditioner`); otherwise one of ``form`` (``"diagonal"``,
-    ``"dense"`` or ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the diagonal one leaves
-    a condition number above ``DENSE_CONDITION``, see :mod:`pyro_fed.algorithms.adaptation`) is adapted.
-    ``seed`` seeds the minibatches of the noise measurement: the choice depends on neither the number of
-    chains nor their randomness, nor does the pilot run that checks the step (at most
-    ``max_pilot_iterations`` per iteration of a draw: the kernels pass their warm-up's upload rounds, see
-    ``upload_rate``). ``draws`` (``[P, d]``), draws of the posterior (the chains' own, when the preconditioner
-    is measured again from them), are the typical points where the stiffness and the noise are measured
-    and the pilot starts; by default, draws of the Laplace approximation pulled to the potential level of
-    posterior draws (:func:`~pyro_fed.algorithms.adaptation.typical_points`)."""
+    :meth:`~pyro_fed.algorithms.base.Algorithm.warmup_preconditioner`); otherwise one of ``form``
+    (``"diagonal"``, ``"dense"`` or ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the
+    diagonal one leaves a condition number above ``DENSE_CONDITION``, see
+    :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds the minibatches of the noise
+    measurement: the choice depends on neither the number of chains nor their randomness, nor does the pilot
+    run that checks the step (at most ``max_pilot_iterations`` per iteration of a draw: the kernels pass their
+    warm-up's upload rounds, see ``upload_rate``). ``draws`` (``[P, d]``), draws of the posterior (the chains'
+    own, when the preconditioner is measured again from them), are the typical points where the stiffness and
+    the noise are measured and the pilot starts; by default, draws of the Laplace approximation pulled to the
+    potential level of posterior draws (:func:`~pyro_fed.algorithms.adaptation.typical_points`)."""
     mode, inverse_mass, curvature, clients, condition, slowest, decrement, rounds = _mode_and_preconditioner(
         pot, start, inverse_mass, form
     )
@@ -209,7 +208,7 @@ def _noise_profile(pot, sampler: Sampler, seed, mode, points, root, batch) -> tu
     """The noise profile (:func:`~pyro_fed.algorithms.adaptation.noise_profile`) of the sampler's estimate
     at the typical ``points`` with minibatches of ``batch`` (``None``: full local batches), from its
     ``adaptation_noise``, and whether that drew the minibatch estimates it was given (one that never does
-    reports every minibatch as noiseless as the full data: an own kernel's ``adaptation_noise`` on exact
+    reports every minibatch as noiseless as the full data: an own algorithm's ``adaptation_noise`` on exact
     gradients made the warm-up choose one point per client, and its posterior 60-100% too wide)."""
     drawn = []
     minibatch_gradients = _minibatch_gradients(pot, seed, batch)
@@ -233,7 +232,8 @@ def _warn_blind(sampler: Sampler, consequence: str) -> None:
     warnings.warn(
         f"{sampler.name}.adaptation_noise never called the minibatch_gradients it was given, so the warm-up "
         f"cannot measure what a minibatch adds to the gradient noise: {consequence}. Draw the clients' "
-        "estimates from minibatch_gradients(points) there (see FederatedKernel.adaptation_noise).",
+        "estimates from minibatch_gradients(points) there (see "
+        "pyro_fed.algorithms.base.Algorithm.adaptation_noise).",
         stacklevel=6,
     )
 

@@ -1,6 +1,7 @@
 """Warm-up adaptation: each quantity against its exact value on Gaussian clients, the adapted kernels'
 exact stationary law, reproducibility, and the defaults on a posterior whose scales differ by 100x."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_fed import FaldKernel, VrFaldKernel
-from pyro_fed.algorithms import adaptation, convergence
+from pyro_fed.algorithms import adaptation, convergence, fald
 from pyro_fed.algorithms.mode import find_mode
 from pyro_fed.model.potential import FederatedPotential
 from pyro_fed.network.in_process import InProcessNetwork
@@ -674,13 +675,18 @@ def test_the_automatic_minibatch_is_the_smallest_within_its_share_of_the_noise()
     )
 
 
-class BlindNoiseKernel(FaldKernel):
-    """A kernel whose noise measure never draws the minibatch estimates it is given (as the own-kernel
+@dataclasses.dataclass(kw_only=True)
+class BlindNoiseFald(fald.Fald):
+    """An algorithm whose noise measure never draws the minibatch estimates it is given (as the own-kernel
     tutorial's first version did: its posterior came out 60-100% too wide)."""
 
-    def adaptation_noise(self, minibatch_gradients, mode, points):
-        pot = self.potential
-        return torch.zeros(8, len(points), pot.num_clients, pot.dim, dtype=points.dtype)
+    def adaptation_noise(self, minibatch_gradients, mode, points, run):
+        return torch.zeros(8, len(points), run.potential.num_clients, run.dim, dtype=points.dtype)
+
+
+class BlindNoiseKernel(FaldKernel):
+    def _algorithm(self):
+        return BlindNoiseFald(comm_prob=self.comm_prob, noise_corr=self.noise_corr)
 
 
 @pytest.mark.parametrize("batch_size", [None, 5])

@@ -357,7 +357,8 @@ def test_a_tolerance_per_client_must_have_one_value_per_client():
 
 def test_more_local_steps_use_full_local_batches_and_count_their_evaluations():
     kernel = DglmcKernel(gaussian_regression(NOISE_SD), 4, local_steps=3, gradient_mode="traced")
-    assert not kernel.chooses_batch_size() and kernel.gradient_evaluations(minibatches=False) == 3
+    settings = kernel.settings  # the algorithm tells the warm-up: full local batches, 3 evaluations each
+    assert not settings.reads_minibatches() and settings.gradient_evaluations(minibatches=False) == 3
     x, y = regression_data(40)
     with pytest.warns(UserWarning, match="end-of-run checks"):  # two draws
         run(kernel, (x, y), 2, 0)

@@ -21,10 +21,11 @@ from pyro_fed import (
     VrFaldKernel,
     to_inference_data,
 )
+from pyro_fed.algorithms.dula_step import CONSENSUS_MEAN_TARGET
 from pyro_fed.kernels.chunks import ChunkRunner
-from pyro_fed.kernels.dula import CONSENSUS_MEAN_TARGET
 from pyro_fed.network.distributed import CENSUS_SECONDS, shard
 from pyro_fed.partition import dirichlet
+from tests.kernels.test_dula import drift_at
 from tests.models import logistic_data, logistic_model
 from tests.network.forked import run_forked
 
@@ -78,6 +79,10 @@ KERNELS = {
     # the own-kernel tutorial's, as a reader writes it
     "tutorial's partial participation": lambda c, **kw: OWN["PartialServerLangevinKernel"](
         logistic_model, c, participation=0.5, step_size=0.002, **kw
+    ),
+    # its noise measure's coins drawn for every client: the same automatic step on any layout
+    "tutorial's partial participation, automatic": lambda c, **kw: OWN["PartialServerLangevinKernel"](
+        logistic_model, c, participation=0.5, **kw
     ),
     # everything automatic: the warm-up's mode search, curvatures, minibatch, pilot and thinning
     "FALD automatic": lambda c, **kw: FaldKernel(logistic_model, c, **kw),
@@ -217,7 +222,7 @@ def automatic_run(name, clients, data, network=None):
     step = kernel.current_step_size
     drifts = []
     if isinstance(kernel, DulaKernel):
-        drifts = [kernel._disagreement_drift(kernel.adaptation, factor * step) for factor in (1, 2, 4)]
+        drifts = [drift_at(kernel, factor * step) for factor in (1, 2, 4)]
     return mcmc.get_samples(group_by_chain=True)["w"], step, drifts
 
 

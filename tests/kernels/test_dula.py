@@ -11,8 +11,7 @@ import torch
 
 import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel, testing
-from pyro_fed.algorithms import adaptation, dula
-from pyro_fed.kernels import dula as dula_kernels
+from pyro_fed.algorithms import adaptation, dula, dula_step
 from pyro_fed.kernels import warmup
 from pyro_fed.network.graphs import make_graph
 from pyro_fed.network.in_process import InProcessNetwork
@@ -22,6 +21,13 @@ from ..algorithms.test_adaptation import NOISE_SD, anisotropic_problem, run
 from ..models import gaussian_regression, logistic_model, regression_data, scaled_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+
+
+def drift_at(kernel: DulaKernel, step: float) -> float:
+    """The drift of the average that the agents' disagreement causes at ``step`` after a kernel's automatic
+    run (:func:`~pyro_fed.algorithms.dula_step.disagreement_drift`, what the automatic step is cut for)."""
+    graph, consensus = kernel.graph, kernel.algorithm.consensus_size
+    return dula_step.disagreement_drift(graph, consensus, kernel.adaptation, step, kernel.current_run)
 
 
 def test_a_dense_step_decays_as_a_matrix_step_and_its_root():
@@ -203,7 +209,11 @@ def test_the_defaults_sample_a_heterogeneous_ring_within_the_targets():
     mcmc = run(kernel, (x, y), num_samples=1000, warmup=100, num_chains=4)
     chosen = kernel.adaptation
     law = testing.dula_stationary_law(
-        exact, kernel.current_step_size, kernel._consensus, kernel.graph.laplacian, chosen.preconditioner
+        exact,
+        kernel.current_step_size,
+        kernel.algorithm.consensus_size,
+        kernel.graph.laplacian,
+        chosen.preconditioner,
     )
     sd = covariance.diagonal().sqrt()
     assert ((law.mean - mean).abs() / sd).max() <= 0.2
@@ -228,7 +238,7 @@ def test_the_consensus_step_is_ulas_for_identical_agents_and_shrinks_with_hetero
     same = torch.full((8, 3), 1 / 8)
     # identical agents: the average is ULA whatever the disagreement; 0.18 keeps its variance within 10%
     assert (
-        dula.consensus_analysis(
+        dula_step.consensus_analysis(
             0.18, same, torch.zeros(8, 3), ring, 1 / 4, variance_target=0.1, mean_target=0.1
         ).step
         == 0.18
@@ -238,12 +248,12 @@ def test_the_consensus_step_is_ulas_for_identical_agents_and_shrinks_with_hetero
     skewed[:, 0] = torch.tensor([0.65] + [0.05] * 7)
     pulls = torch.zeros(8, 3)
     pulls[:, 0] = torch.linspace(-3, 3, 8)
-    alpha = dula.consensus_analysis(
+    alpha = dula_step.consensus_analysis(
         0.18, skewed, pulls, ring, 1 / 4, variance_target=0.1, mean_target=0.1
     ).step
     assert alpha < 0.18
     assert alpha == pytest.approx(
-        0.18 * dula.CONSENSUS_SHRINK ** round(math.log(alpha / 0.18, dula.CONSENSUS_SHRINK))
+        0.18 * dula_step.CONSENSUS_SHRINK ** round(math.log(alpha / 0.18, dula_step.CONSENSUS_SHRINK))
     )
 
 
@@ -274,14 +284,13 @@ def test_the_agents_disagreement_on_a_curved_posterior_shrinks_the_step():
     chosen = kernel.adaptation
     ula = adaptation.STEP_TARGET / chosen.stiffness / 20  # the average's step with exact gradients
     assert kernel.current_step_size < ula / 4
-    drift = kernel._disagreement_drift
-    assert drift(chosen, kernel.current_step_size) <= dula_kernels.CONSENSUS_MEAN_TARGET
-    assert drift(chosen, 3 * kernel.current_step_size) > dula_kernels.CONSENSUS_MEAN_TARGET
+    assert drift_at(kernel, kernel.current_step_size) <= dula_step.CONSENSUS_MEAN_TARGET
+    assert drift_at(kernel, 3 * kernel.current_step_size) > dula_step.CONSENSUS_MEAN_TARGET
     # on a Gaussian target the antithetic draws cancel exactly: no drift at any step
     x, y, clients, _ = heterogeneous_ring()
     gaussian = DulaKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")
     run(gaussian, (x, y), num_samples=10, warmup=0)
-    assert gaussian._disagreement_drift(gaussian.adaptation, 10 * gaussian.current_step_size) < 1e-6
+    assert drift_at(gaussian, 10 * gaussian.current_step_size) < 1e-6
 
 
 def test_the_consensus_analysis_measures_from_the_models_mode_not_from_where_the_search_stopped():
@@ -296,13 +305,13 @@ def test_the_consensus_analysis_measures_from_the_models_mode_not_from_where_the
     pulls = 3 * torch.randn(8, 3, generator=generator)
     pulls = pulls - pulls.mean(0)
     targets = {"variance_target": 0.1, "mean_target": 0.1}
-    at_mode = dula.consensus_analysis(0.05, shares, pulls, ring, beta, **targets)
+    at_mode = dula_step.consensus_analysis(0.05, shares, pulls, ring, beta, **targets)
     assert at_mode.met and at_mode.step < 0.05  # heterogeneous agents: a smaller step than the warm-up's
     for delta in (0.05, 0.3, 1.0):
         off = pulls + shares * torch.tensor([delta, 0.0, -delta])
-        found = dula.consensus_analysis(0.05, shares, off, ring, beta, **targets)
+        found = dula_step.consensus_analysis(0.05, shares, off, ring, beta, **targets)
         assert found.met and found.step == pytest.approx(at_mode.step, rel=1e-12)
-        assert dula.consensus_analysis(0.05, shares, off, ring, beta, **targets).step == found.step
+        assert dula_step.consensus_analysis(0.05, shares, off, ring, beta, **targets).step == found.step
 
 
 def skewed_regression():
@@ -357,7 +366,7 @@ def test_on_a_skewed_split_the_automatic_step_samples_where_the_mode_search_stop
     law = testing.dula_stationary_law(
         exact,
         kernel.current_step_size,
-        kernel._consensus,
+        kernel.algorithm.consensus_size,
         kernel.graph.laplacian,
         kernel.adaptation.preconditioner,
     )
@@ -381,8 +390,8 @@ def test_a_step_that_no_search_can_make_usable_is_named_before_the_run(monkeypat
     # the heterogeneous ring's consensus analysis held to a mean within 1e-4 posterior sds, in 3 steps tried:
     # none meets it, and the run says before it starts which step it took and why, and the end-of-run checks
     # say it again
-    monkeypatch.setattr(dula, "CONSENSUS_SHRINKS", 3)
-    monkeypatch.setattr(dula_kernels, "CONSENSUS_MEAN_TARGET", 1e-4)
+    monkeypatch.setattr(dula_step, "CONSENSUS_SHRINKS", 3)
+    monkeypatch.setattr(dula_step, "CONSENSUS_MEAN_TARGET", 1e-4)
     x, y, clients, _ = heterogeneous_ring()
     pyro.set_rng_seed(0)
     kernel = DulaKernel(gaussian_regression(NOISE_SD), clients, gradient_mode="traced")

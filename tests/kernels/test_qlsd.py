@@ -304,7 +304,7 @@ def test_partial_participation_with_few_clients_has_the_exact_law(participation,
 def test_participation_whose_noise_shrinks_the_automatic_step_is_named_before_the_run():
     # 3 Gaussian clients whose means differ by ~3 posterior sds: one or two of them stand for all three most
     # iterations at p = 0.2, and the random set's noise alone makes the automatic step ~20 times smaller than
-    # with every client (participation_noise, exact on Gaussian clients: b^2 E[1/k - 1/b] S^2). On the
+    # with every client (Qlsd.participation_noise, exact on Gaussian clients: b^2 E[1/k - 1/b] S^2). On the
     # anisotropic split (~4 times) nothing is said.
     hetero = heterogeneous_gaussian_clients(3, 2, mean_scale=3.0)
     model, args = hetero.pyro_model(10.0)
@@ -315,7 +315,7 @@ def test_participation_whose_noise_shrinks_the_automatic_step_is_named_before_th
     ) as w:
         run(kernel, args, num_samples=2, warmup=0)
     chosen = kernel.adaptation
-    noise = kernel.participation_noise(chosen)
+    noise = kernel.settings.participation_noise(chosen, kernel.current_run)
     shrink = 1 + noise / ((1 + adaptation.VARIANCE_TARGET) * chosen.stiffness)
     (message,) = [str(c.message) for c in w if "participation=" in str(c.message)]
     assert shrink > PARTICIPATION_WARNING and f"the automatic step {shrink:.3g} times smaller" in message
@@ -417,7 +417,7 @@ def test_svrg_with_full_local_batches_is_the_exact_gradient_without_snapshots():
 
     svrg, kernel = draws(control_variate="svrg")
     assert kernel.algorithm.snapshot_every is None and "snapshot" not in kernel.sample_stats()
-    assert kernel.gradient_evaluations(minibatches=False) == 1
+    assert kernel.algorithm.gradient_evaluations(minibatches=False) == 1
     plain, _ = draws(memory_rate=rate)
     torch.testing.assert_close(svrg, plain, rtol=0, atol=1e-12)
 
