@@ -44,6 +44,8 @@ class ChunkEngine:
     :param meter: an object whose integer ``sent_bytes`` the iteration's collectives add to when their
         Python runs (the network): at every call of an eager iteration, once when one is traced. The engine
         adds a traced or compiled iteration's bytes at each of its calls.
+    :param eager: which variants run eagerly whatever ``mode`` (``eager(variant)``; default none): those that
+        call a network that cannot be traced (:attr:`~pyro_fed.network.base.Network.traceable`).
     """
 
     def __init__(
@@ -55,9 +57,11 @@ class ChunkEngine:
         cuda_graphs: bool = True,
         agree: Callable[[bool], bool] | None = None,
         meter=None,
+        eager: Callable[[object], bool] | None = None,
     ):
         self.iteration = iteration
         self.meter = meter
+        self.eager = eager
         self.mode = mode
         self.what = what
         self.cuda_graphs = cuda_graphs
@@ -83,9 +87,9 @@ class ChunkEngine:
                 return (*new_state, *outputs)
 
             sent = self._sent()
-            prepared = prepare(
-                flat, (*state, *step_inputs, *constants), self.mode, what=self.what, agree=self.agree
-            )
+            mode = "eager" if self.eager is not None and self.eager(variant) else self.mode
+            arguments = (*state, *step_inputs, *constants)
+            prepared = prepare(flat, arguments, mode, what=self.what, agree=self.agree)
             # what one call sends: counted as it was traced (a real call), or by its Python at each call
             prepared.sent_bytes = 0 if prepared.mode == "eager" else self._sent() - sent
             self._prepared[key] = prepared

@@ -141,7 +141,12 @@ class ChunkRunner:
         return self._engine
 
     def _new_engine(self, mode: str) -> ChunkEngine:
-        return ChunkEngine(self.iteration, mode, what=self.what, agree=self.network.agree, meter=self.network)
+        # a network that cannot be traced is called eagerly: by the iterations that meet, and by every checked
+        # one (its divergence check meets); the variant is (checked, meets)
+        eager = None if self.network.traceable else any
+        return ChunkEngine(
+            self.iteration, mode, what=self.what, agree=self.network.agree, meter=self.network, eager=eager
+        )
 
     def remaining_iterations(self) -> int | None:
         """Iterations the run still needs (``None``: unknown, the kernel is driven by hand)."""
@@ -201,9 +206,10 @@ class ChunkRunner:
         engine = self.engine()
         preparation = engine.preparation_seconds
         # on a CUDA device a chunk is one captured graph, the same whatever its coins; elsewhere iterations
-        # that meet nobody skip a network whose clients are in other processes
+        # that meet nobody skip a network whose clients are in other processes; and everywhere they run
+        # traced where the network cannot be (the others run eagerly)
         meets = np.ones(num_iterations, dtype=bool)
-        if self.network.remote and not self.state[0].is_cuda:
+        if not self.network.traceable or (self.network.remote and not self.state[0].is_cuda):
             meets = algorithm.meeting_iterations(coins)
         state, valid, report, event_seconds = self._run(engine, inputs, coins, meets, checked=False)
         valid = self.network.everywhere(valid) & _bounded(report["position"], *self.constants[1:])

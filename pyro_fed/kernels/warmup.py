@@ -254,7 +254,8 @@ def _pilot(
         h, root = constants
         return (adaptation.langevin_move(pot.total_gradient, state[0], inputs[0], h, root),), ()
 
-    mode = sampler.gradient_mode if pot.gradients.vectorized else "eager"
+    # every pilot iteration sums the clients' gradients: eagerly through a network that cannot be traced
+    mode = sampler.gradient_mode if pot.gradients.vectorized and pot.network.traceable else "eager"
     if mode == "auto":  # decided from the iterations planned, not from timings: the same choice every run
         planned = adaptation.PILOT_CHECKS * math.ceil(
             adaptation.PILOT_DURATION * clients_per_step / (adaptation.PILOT_CHECKS * step)

@@ -11,7 +11,8 @@ Three kinds of operation:
 - **tensor operations** (:meth:`~Network.sum`, :meth:`~Network.sums`, :meth:`~Network.average`,
   :meth:`~Network.broadcast`, :meth:`~Network.average_where`, :meth:`~Network.stacked`,
   :meth:`~Network.everywhere`, :meth:`~Network.maximum`, :meth:`~Network.neighbours`):
-  pure functions of tensors, which run inside a traced or compiled iteration and count nothing;
+  pure functions of tensors, which run inside a traced or compiled iteration (where the network is
+  :attr:`~Network.traceable`) and count nothing;
 - **set-up operations** on the host (:meth:`~Network.held`, :meth:`~Network.gather`, :meth:`~Network.agree`,
   :meth:`~Network.share`): which clients are held here, every client's value (the global client sizes),
   a decision made the same everywhere (an error, a fallback), the first holder's value (a seed, an initial
@@ -53,6 +54,16 @@ class Network:
     #: whether some clients are held in other processes: an iteration that meets no other client is then
     #: worth running without the network (see :meth:`~pyro_fed.algorithms.base.Algorithm.local_step`)
     remote = False
+    #: whether the tensor operations can run inside a traced or compiled iteration (those of this package's
+    #: networks can: in one process, and with :mod:`torch.distributed`'s functional collectives). A network
+    #: whose operations leave torch (a socket, another framework's messages) says ``False``: the iterations
+    #: whose step meets other clients then run eagerly, as written, while those that meet nobody (FALD's
+    #: local steps between rounds: :meth:`~pyro_fed.algorithms.base.Algorithm.meeting_iterations`) still run
+    #: traced or compiled, a chunk cut at its communication rounds. The warm-up's pilot, which meets at every
+    #: iteration, runs eagerly. Say it: a tracer does not see where a tensor leaves torch (through NumPy, say)
+    #: and keeps what was sent while it traced as a constant, so that every later meeting would receive the
+    #: first one's values (FALD's draws were off by 2 on a logistic regression; tested)
+    traceable = True
     #: bytes this process sent to the others in the tensor operations so far (none in one process): the
     #: floats actually on the wire, beside the bits the algorithm's messages are counted as
     sent_bytes = 0

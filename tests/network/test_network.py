@@ -2,6 +2,8 @@
 iterations' reductions over the clients, and one that holds the clients in two halves (as two processes
 would, each reducing its own and combining) gives the in-process draws to rounding."""
 
+import warnings
+
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -57,6 +59,35 @@ class HalvesNetwork(InProcessNetwork):
     def maximum(self, values, dim=-1):
         first, second = self._halves(values, dim)
         return torch.maximum(first.amax(dim), second.amax(dim))
+
+
+class WireNetwork(InProcessNetwork):
+    """The in-process network whose every reduction leaves torch, as a message over a socket would (its
+    tensors through NumPy's bytes and back): it cannot run inside a traced iteration, and says so."""
+
+    traceable = False
+
+    @staticmethod
+    def _wire(values):
+        return torch.from_numpy(values.detach().cpu().numpy().copy()).to(values.device)
+
+    def sum(self, values, dim=-2):
+        return super().sum(self._wire(values), dim)
+
+    def average(self, uploads):
+        return super().average(self._wire(uploads))
+
+    def maximum(self, values, dim=-1):
+        return super().maximum(self._wire(values), dim)
+
+    def stacked(self, part):
+        return super().stacked(self._wire(part))
+
+    def everywhere(self, flags):
+        return super().everywhere(self._wire(flags))
+
+    def neighbours(self, graph, agents):
+        return super().neighbours(graph, self._wire(agents))
 
 
 KERNELS = {
@@ -128,3 +159,25 @@ def test_the_warm_up_sums_over_clients_through_the_network(name):
 def test_a_network_that_is_not_one_is_refused():
     with pytest.raises(TypeError, match="network must be a pyro_fed.network.base.Network"):
         FaldKernel(logistic_model, 4, network="gloo")
+
+
+@pytest.mark.parametrize("name", ["FALD", "QLSD++", "D-ULA"])
+def test_a_network_that_cannot_be_traced_runs_its_meetings_eagerly_and_the_rest_traced(name):
+    # FALD's local steps between its rounds (comm_prob 0.5) run traced, its rounds eagerly through the
+    # network; QLSD++ and D-ULA meet at every iteration, all eager; the warm-up too, automatic here (its
+    # pilot eager). The same draws as the in-process network's eager run, to float64 rounding (a traced
+    # iteration is the eager one's operations, reassociated at most); no fallback warning. (Were it to say
+    # traceable = True, the tracer would keep its first meeting's values as constants: FALD's draws were
+    # then off by 2, without a word.)
+    expected, reference = draws(name, gradient_mode="eager", step_size=None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(trace|compile)", category=UserWarning)
+        wired, kernel = draws(name, WireNetwork(), step_size=None)
+    assert kernel.current_step_size == pytest.approx(reference.current_step_size, rel=1e-9)
+    torch.testing.assert_close(wired, expected, rtol=1e-9, atol=1e-9)
+    modes = {variant: prepared.mode for (variant, *_), prepared in kernel.runner.engine()._prepared.items()}
+    assert modes[(False, True)] == "eager"  # the meetings
+    if name == "FALD":
+        assert modes[(False, False)] != "eager"  # the local steps, traced
+    else:
+        assert (False, False) not in modes  # nothing local to trace
