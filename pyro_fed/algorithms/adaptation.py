@@ -597,6 +597,41 @@ def choose_batch_size(
     return low
 
 
+def draws_preconditioner(draws: torch.Tensor, current: torch.Tensor) -> torch.Tensor | None:
+    """Stan's windowed adaptation's measure: the covariance of the chains' draws ``[C, n, d]`` (within
+    chains, pooled), shrunk toward the ``current`` inverse mass (``[d]``: then the variances alone, or
+    ``[d, d]``) by ``d + 5`` pseudo-draws of it, in float64; or ``None`` when it should not replace
+    ``current``: when its eigenvalues in the coordinates of ``current`` spread no more than
+    ``DENSE_CONDITION`` times what chance allows the draws (Marchenko-Pastur, the draws counting half, as
+    they are half an autocorrelation time of the slowest direction apart), or there are too few draws for a
+    ``d``-dimensional covariance (fewer than ``4 d`` independent ones)."""
+    chains, count, dim = draws.shape
+    centred = (draws - draws.mean(1, keepdim=True)).reshape(-1, dim)
+    current = current.double()
+    weight = dim + 5  # pseudo-draws of the current preconditioner
+    if current.dim() == 1:
+        measured = (centred.square().sum(0) + weight * current) / (chains * count - chains + weight)
+    else:
+        measured = (centred.T @ centred + weight * current) / (chains * count - chains + weight)
+    # the measured covariance in the current preconditioner's coordinates: the identity if it agrees
+    if current.dim() == 1:
+        spread = measured / current
+    else:
+        root = square_root(current)
+        relative = torch.linalg.solve(root, torch.linalg.solve(root, measured).T)
+        spread = torch.linalg.eigvalsh((relative + relative.T) / 2)
+    # a covariance of n independent draws of a Gaussian in d dimensions spreads its eigenvalues over
+    # (1 -+ sqrt(d / n))^2 by chance alone (Marchenko-Pastur); the draws, half an autocorrelation time
+    # of the slowest direction apart, count about half
+    independent = chains * (count - 1) / 2
+    if dim >= independent / 4 or not bool(spread.isfinite().all()):
+        return None
+    chance = ((1 + (dim / independent) ** 0.5) / (1 - (dim / independent) ** 0.5)) ** 2
+    if float(spread.max() / spread.min()) <= DENSE_CONDITION * chance:
+        return None
+    return measured
+
+
 def thinning_for(step: float, slowest: float) -> int:
     r"""Iterations per draw: half the integrated autocorrelation time :math:`\tau = (2 - h\lambda)/(h\lambda)`
     of the slowest direction (curvature :math:`\lambda` = ``slowest`` in the preconditioned coordinates,

@@ -713,38 +713,16 @@ class FederatedKernel(MCMCKernel):
 
     def _adapt_to_draws(self, window: int) -> None:
         """Stan's windowed adaptation, once: the covariance of the chains' draws in the second half of the
-        window (within chains, pooled), shrunk toward the warm-up's preconditioner by ``d + 5`` pseudo-draws,
-        replaces it when its eigenvalues in that preconditioner's coordinates spread more than
-        ``DENSE_CONDITION`` times what chance allows the draws (diagonal: the variances alone); the step is
-        then chosen again for it, at the same minibatch and thinning, its stiffness and noise measured (and
-        its pilot started) at some of the window's draws. The Laplace approximation at the mode
-        misjudges a posterior whose curvature varies (a hierarchical model's scale): on eight schools the
-        slowest direction then had 2.7 times fewer effective draws."""
+        window replaces the warm-up's preconditioner where it disagrees with it beyond chance
+        (:func:`~pyro_fed.algorithms.adaptation.draws_preconditioner`); the step is then chosen again for it,
+        at the same minibatch and thinning, its stiffness and noise measured (and its pilot started) at some
+        of the window's draws. The Laplace approximation at the mode misjudges a posterior whose curvature
+        varies (a hierarchical model's scale): on eight schools the slowest direction then had 2.7 times fewer
+        effective draws."""
         pot, chosen = self.potential, self.adaptation
         draws = torch.as_tensor(self.runner.buffer.all_draws(window // 2)[:, : window - window // 2])
-        chains, count, dim = draws.shape
-        centred = (draws - draws.mean(1, keepdim=True)).reshape(-1, dim)
-        current = chosen.preconditioner.double()
-        weight = dim + 5  # pseudo-draws of the current preconditioner
-        if current.dim() == 1:
-            measured = (centred.square().sum(0) + weight * current) / (chains * count - chains + weight)
-        else:
-            measured = (centred.T @ centred + weight * current) / (chains * count - chains + weight)
-        # the measured covariance in the current preconditioner's coordinates: the identity if it agrees
-        if current.dim() == 1:
-            spread = measured / current
-        else:
-            root = adaptation.square_root(current)
-            relative = torch.linalg.solve(root, torch.linalg.solve(root, measured).T)
-            spread = torch.linalg.eigvalsh((relative + relative.T) / 2)
-        # a covariance of n independent draws of a Gaussian in d dimensions spreads its eigenvalues over
-        # (1 -+ sqrt(d / n))^2 by chance alone (Marchenko-Pastur); the draws, half an autocorrelation time
-        # of the slowest direction apart, count about half
-        independent = chains * (count - 1) / 2
-        if dim >= independent / 4 or not bool(spread.isfinite().all()):
-            return
-        chance = ((1 + (dim / independent) ** 0.5) / (1 - (dim / independent) ** 0.5)) ** 2
-        if float(spread.max() / spread.min()) <= adaptation.DENSE_CONDITION * chance:
+        measured = adaptation.draws_preconditioner(draws, chosen.preconditioner)
+        if measured is None:
             return
         batch = self.current_batch_size
         sampler = self._sampler(
@@ -756,7 +734,7 @@ class FederatedKernel(MCMCKernel):
         # second half, all chains pooled), not at draws of a Gaussian of that covariance, which put a skewed
         # posterior's typical points where it has little mass (eight schools' log tau: in its right tail,
         # where the curvature is ten times the typical one)
-        pooled = draws.reshape(-1, dim)
+        pooled = draws.reshape(-1, pot.dim)
         picked = torch.linspace(0, len(pooled) - 1, warmup.TYPICAL_POINTS).round().long()
         self.adaptation = renewed = warmup.adapt(
             pot,

@@ -743,3 +743,27 @@ def test_the_defaults_on_a_tall_conjugate_model_meet_the_accuracy_target():
     ratio = flat.std(0) / sd
     effective = float(convergence.ess_bulk(draws.numpy()).min())
     assert (ratio - 1).abs().max() <= (1.1**0.5 - 1) + Z / (2 * effective) ** 0.5, ratio
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_draws_replace_a_preconditioner_only_where_they_disagree_beyond_chance(dense):
+    # 4 chains of 500 independent draws of N(0, S) in 3 dimensions. Measured against S itself their
+    # covariance spreads its eigenvalues (in S's coordinates) by chance alone, well within DENSE_CONDITION
+    # times the Marchenko-Pastur allowance: kept. Against a preconditioner whose first variance is 100 times
+    # too small (and, dense, whose correlation is missing) the spread is ~100: replaced, by the draws'
+    # covariance shrunk toward it by d + 5 = 8 pseudo-draws of 2000, which moves it by under 1%: S to the
+    # sampling error of 2000 draws, ~3% of a variance (sqrt(2 / 2000)), checked to 10% (about 3 of those)
+    generator = torch.Generator().manual_seed(0)
+    covariance = torch.tensor([[4.0, 1.2, 0.0], [1.2, 1.0, 0.0], [0.0, 0.0, 0.25]], dtype=torch.float64)
+    draws = (
+        torch.randn(4, 500, 3, generator=generator, dtype=torch.float64) @ torch.linalg.cholesky(covariance).T
+    )
+    current = covariance if dense else covariance.diagonal()
+    assert adaptation.draws_preconditioner(draws, current) is None
+    wrong = torch.tensor([0.04, 1.0, 0.25], dtype=torch.float64)
+    measured = adaptation.draws_preconditioner(draws, wrong.diag() if dense else wrong)
+    assert measured is not None
+    target = covariance if dense else covariance.diagonal()
+    torch.testing.assert_close(measured, target, rtol=0.1, atol=0.1)
+    # too few draws for a 3-dimensional covariance (fewer than 4 d independent ones): kept
+    assert adaptation.draws_preconditioner(draws[:1, :20], wrong) is None
