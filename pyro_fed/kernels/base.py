@@ -55,6 +55,23 @@ DRAWS_WINDOW = 0.5
 MIN_WINDOW_DRAWS = 40
 #: the constructor's own names, besides its settings
 CALLED = ("self", "model", "clients", "__class__")
+#: what a kernel said of its sampler before the algorithms held it (see FederatedKernel.__init_subclass__)
+MOVED_TO_ALGORITHM = frozenset(
+    (
+        "make_algorithm",
+        "server_step",
+        "laplace_starts",
+        "averages_every_iteration",
+        "upload_rate",
+        "random_at_full_batch",
+        "gradient_evaluations",
+        "chooses_batch_size",
+        "chosen_step",
+        "warmup_preconditioner",
+        "adaptation_noise",
+        "finish_adaptation",
+    )
+)
 
 
 class ChainPlan(NamedTuple):
@@ -270,6 +287,17 @@ class FederatedKernel(MCMCKernel):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        # a kernel written for the contract before the algorithms held their warm-up traits: its methods
+        # would be silently ignored (a noise measure the warm-up never calls chooses a wrong minibatch)
+        moved = sorted(set(cls.__dict__) & MOVED_TO_ALGORITHM)
+        if moved:
+            raise TypeError(
+                f"{cls.__name__} defines {', '.join(moved)}: a kernel no longer says these. They belong to "
+                "its algorithm (pyro_fed.algorithms.base.Algorithm: server_step and laplace_starts as class "
+                "attributes, the methods taking the run as their last argument where they need the model), "
+                "which the kernel builds with its settings and passes to FederatedKernel.__init__(..., "
+                "algorithm=...); see docs/changes.md and the own-kernel tutorial."
+            )
         if "__init__" in cls.__dict__:
             cls.__init__ = _recording(cls.__dict__["__init__"])
 

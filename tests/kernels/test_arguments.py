@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_fed import FaldKernel
+from pyro_fed import FaldKernel, FederatedKernel
+from pyro_fed.algorithms.fald import Fald
 from pyro_fed.kernels.arguments import check_positive_int
+from pyro_fed.network.in_process import InProcessNetwork
 
 from ..models import logistic_model
 
@@ -54,3 +56,25 @@ def test_a_kernel_takes_numpy_integers():
 def test_a_kernel_given_clients_that_are_no_whole_number_says_so_when_it_is_built(clients):
     with pytest.raises(ValueError, match=rf"clients={clients}: give a whole number of clients"):
         FaldKernel(logistic_model, clients, step_size=0.01)
+
+
+def test_a_kernel_written_for_the_former_contract_is_refused_where_it_is_defined():
+    # its warm-up methods on the kernel would be silently ignored now that the algorithm holds them
+    with pytest.raises(TypeError, match="defines adaptation_noise, make_algorithm, server_step: a kernel no"):
+
+        class Former(FederatedKernel):
+            server_step = True
+
+            def make_algorithm(self, **common):
+                return Fald(**common)
+
+            def adaptation_noise(self, minibatch_gradients, mode, points):
+                return minibatch_gradients(points)
+
+
+def test_a_kernel_is_given_an_algorithm_of_settings_alone():
+    with pytest.raises(TypeError, match="algorithm must be a pyro_fed.algorithms.base.Algorithm"):
+        FederatedKernel(logistic_model, 4, algorithm="fald")
+    bound = Fald(network=InProcessNetwork(4, 3), num_chains=1, dim=3, dtype=torch.float64, device="cpu")
+    with pytest.raises(TypeError, match="built with its settings alone"):
+        FederatedKernel(logistic_model, 4, algorithm=bound)
