@@ -211,10 +211,11 @@ class ChunkRunner:
         meets = np.ones(num_iterations, dtype=bool)
         if not self.network.traceable or (self.network.remote and not self.state[0].is_cuda):
             meets = algorithm.meeting_iterations(coins)
-        state, valid, report, event_seconds = self._run(engine, inputs, coins, meets, checked=False)
+        run = self._run(engine, inputs, coins, meets, checked=False)
+        state, valid, report, event_seconds, event_wall = run
         valid = self.network.everywhere(valid) & _bounded(report["position"], *self.constants[1:])
         if not bool(valid.all()):
-            state, valid, report, _ = self._run(engine, inputs, coins, meets, checked=True)
+            state, valid, report, *_ = self._run(engine, inputs, coins, meets, checked=True)
         self.state = state
         self.computed += num_iterations
         positions = report.pop("position")
@@ -222,13 +223,17 @@ class ChunkRunner:
         self.buffer.add(positions, valid, report, algorithm.coin_statistics(coins), bits)
         # the chunk's outputs are on the host now: the time is the device's too
         elapsed = time.perf_counter() - start_time - (engine.preparation_seconds - preparation)
-        self._maybe_compile(elapsed - event_seconds, event_seconds, num_iterations)
+        # the iterations' time: without the events', whose functions' first preparation (the clients' full
+        # gradients, traced at a refresh) would otherwise count as iterations and compile a short run
+        self._maybe_compile(elapsed - event_wall, event_seconds, num_iterations)
 
     def _run(self, engine: ChunkEngine, inputs: tuple, coins: dict, meets: np.ndarray, *, checked: bool):
         """The chunk's iterations from the runner's state, with its out-of-step events: ``(state, valid,
-        report, event_seconds)``, ``report`` the algorithm's
-        :meth:`~pyro_fed.algorithms.base.Algorithm.report` of the iterations' summaries."""
-        algorithm, state, outputs, start, event_seconds = self.algorithm, self.state, [], 0, 0.0
+        report, event_seconds, event_wall)``, ``report`` the algorithm's
+        :meth:`~pyro_fed.algorithms.base.Algorithm.report` of the iterations' summaries, ``event_seconds``
+        the events' time without preparing their functions and ``event_wall`` with it."""
+        algorithm, state, outputs, start = self.algorithm, self.state, [], 0
+        event_seconds = event_wall = 0.0
         variants = [(checked, bool(m)) for m in meets]
 
         def run(state, start, stop):
@@ -241,15 +246,15 @@ class ChunkRunner:
             event_start, prepared = time.perf_counter(), self.potential.preparation_seconds
             after = algorithm.event(algorithm.state_type(*state), {n: c[k] for n, c in coins.items()})
             # the events' own time, without tracing their functions
-            event_seconds += (
-                time.perf_counter() - event_start - (self.potential.preparation_seconds - prepared)
-            )
+            wall = time.perf_counter() - event_start
+            event_wall += wall
+            event_seconds += wall - (self.potential.preparation_seconds - prepared)
             state = run(state, k, k + 1)
             state, start = tuple(after(algorithm.state_type(*state))), k + 1
         state = run(state, start, len(meets))
         valid, *values = (torch.cat(c) for c in zip(*(o for o in outputs if o), strict=True))
         report = algorithm.report(dict(zip(self._summary_names, values, strict=True)))
-        return state, valid, report, event_seconds
+        return state, valid, report, event_seconds, event_wall
 
 
 def working_rows(
