@@ -43,8 +43,8 @@ draws. Per compared quantity :math:`j`:
   (warm-up, adaptation, tracing and compilation included; all chains of the run pooled); target: at least
   NUTS's on every model but ``bnn``;
 - what the warm-up chose: the step, the minibatch, the thinning, the preconditioner's form with the
-  condition number :math:`\kappa` the diagonal one leaves (the dense one is taken above 4), and whether the
-  end-of-run checks warned.
+  condition number :math:`\kappa` the diagonal one leaves (the dense one is taken above 4, above 2 up to 16
+  coordinates), and whether the end-of-run checks warned.
 
 Both errors include the Monte Carlo error of both runs (the table prints both ESS: with ESS :math:`E`, a
 mean has standard error :math:`\sigma/\sqrt E` and an sd about :math:`1/\sqrt{2E}` relative), so a run

@@ -81,7 +81,7 @@ def adapt(
     the mode (a function of it, which may return ``None``: see
     :meth:`~pyro_fed.algorithms.base.Algorithm.warmup_preconditioner`); otherwise one of ``form``
     (``"diagonal"``, ``"dense"`` or ``"auto"``: dense when ``d`` is at most ``DENSE_DIMENSIONS`` and the
-    diagonal one leaves a condition number above ``DENSE_CONDITION``, see
+    diagonal one leaves a condition number above :func:`~pyro_fed.algorithms.adaptation.dense_condition`, see
     :mod:`pyro_fed.algorithms.adaptation`) is adapted. ``seed`` seeds the minibatches of the noise
     measurement: the choice depends on neither the number of chains nor their randomness, nor does the pilot
     run that checks the step (at most ``max_pilot_iterations`` per iteration of a draw: the kernels pass their
@@ -319,7 +319,7 @@ def _preconditioner(pot, mode: torch.Tensor, given, form: str):
     if hessian is not None:
         curvatures = adaptation.preconditioned_curvatures(hessian, diagonal)
         condition = adaptation.condition_number(curvatures)
-        if given is None and (form == "dense" or condition > adaptation.DENSE_CONDITION):
+        if given is None and (form == "dense" or condition > adaptation.dense_condition(pot.dim)):
             inverse_mass = laplace
         if inverse_mass is not diagonal:
             curvatures = adaptation.preconditioned_curvatures(hessian, inverse_mass)
