@@ -625,14 +625,13 @@ def draws_preconditioner(draws: torch.Tensor, current: torch.Tensor) -> torch.Te
     centred = (draws - draws.mean(1, keepdim=True)).reshape(-1, dim)
     current = current.double()
     weight = dim + 5  # pseudo-draws of the current preconditioner
+    # the measured covariance, and its spread in the current preconditioner's coordinates (the identity if
+    # it agrees)
     if current.dim() == 1:
         measured = (centred.square().sum(0) + weight * current) / (chains * count - chains + weight)
-    else:
-        measured = (centred.T @ centred + weight * current) / (chains * count - chains + weight)
-    # the measured covariance in the current preconditioner's coordinates: the identity if it agrees
-    if current.dim() == 1:
         spread = measured / current
     else:
+        measured = (centred.T @ centred + weight * current) / (chains * count - chains + weight)
         root = square_root(current)
         relative = torch.linalg.solve(root, torch.linalg.solve(root, measured).T)
         spread = torch.linalg.eigvalsh((relative + relative.T) / 2)

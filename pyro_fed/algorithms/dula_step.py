@@ -165,13 +165,13 @@ def disagreement(
 
 def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adaptation, Algorithm, list[str]]:
     """D-ULA's last word on what the warm-up chose, for the algorithm's ``settings``
-    (:meth:`pyro_fed.algorithms.dula.Dula.finish_adaptation`): with an automatic constant step, the largest
-    at most the warm-up's at which the agents' disagreement costs the average little
-    (:func:`consensus_analysis`, from each agent's curvature and gradient at the mode: one more round of
-    uploads; then the drift that their disagreement causes on the curved potential,
-    :func:`within_disagreement`), the thinning with it; the settings with the run's graph built; and a step
-    cut so far that the run's draws cannot be independent (:func:`step_problem`), reported with a warning now,
-    before the run, and again by the end-of-run checks."""
+    (:meth:`pyro_fed.algorithms.dula.Dula.finish_adaptation`): with an automatic constant step, the largest at
+    most the warm-up's at which the agents' disagreement costs the average little (:func:`consensus_analysis`,
+    from each agent's curvature and gradient at the mode: one more round of uploads; then the drift that their
+    disagreement causes on the curved potential, :func:`within_disagreement`), the thinning with it; the
+    settings with the run's graph and consensus step resolved; and a step cut so far that the run's draws
+    cannot be independent (:func:`step_problem`), reported with a warning now, before the run, and again by
+    the end-of-run checks."""
     if run.step_size is not None or settings.schedule != "constant" or run.network.num_clients == 1:
         return chosen, settings, []
     pot, network = run.potential, run.network
@@ -201,7 +201,9 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
     if report is not None:
         warnings.warn(f"pyro_fed: {report}.", stacklevel=2)
     finished = chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds)
-    return finished, dataclasses.replace(settings, graph=graph), [] if report is None else [report]
+    # the graph and the consensus step, resolved here, kept for the run (Dula.resolve keeps them as given)
+    resolved = dataclasses.replace(settings, graph=graph, consensus_size=consensus_size)
+    return finished, resolved, [] if report is None else [report]
 
 
 def step_problem(

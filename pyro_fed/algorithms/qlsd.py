@@ -343,8 +343,7 @@ class Qlsd(Algorithm):
         prior_gradient = None
         if self.prior_on_server:  # the server's term of g
             prior_gradient = functools.partial(run.potential.server_prior, gradient=True)
-        return {
-            "memory_rate": self.rate(run.dim),
+        return {  # the memory rate is resolved in __post_init__, also for an algorithm built bound
             "snapshot_every": snapshot_every,
             "full_gradients": run.full_gradients,
             "fixed_point": self.reference_point(run) if self.control_variate == "fixed_point" else None,
