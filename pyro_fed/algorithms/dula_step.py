@@ -4,10 +4,12 @@ checked by the pilot run), cut until the agents' disagreement costs their averag
 Two measures bound it: in a diagonal quadratic model of the agents at the mode (:func:`consensus_analysis`:
 their curvatures and gradients there, the graph's Laplacian), the average's stationary variance within
 ``VARIANCE_TARGET`` of the posterior's and its mean within ``CONSENSUS_MEAN_TARGET`` posterior sds in every
-coordinate; then, with the agents' real gradients at the warm-up's typical points, the drift of the average
-that their disagreement causes on the curved potential (:func:`disagreement_drift`). A step cut so far that
-the run's draws cannot be independent is reported (:func:`step_problem`), before the run and by its end-of-run
-checks.
+coordinate; then, with the agents' real gradients at the warm-up's typical points and their reflections
+through the mode, the drift of the average that their disagreement causes (:func:`disagreement_drift`): the
+disagreement that their own noise makes on a curved potential, and the offsets their data pull them to
+(:func:`data_pulls`), which move a coordinate whose curvature depends on another's (a noise scale's on the
+coefficients' residuals). A step cut so far that the run's draws cannot be independent is reported
+(:func:`step_problem`), before the run and by its end-of-run checks.
 
 **Reference:** Parayil, Bai, George, Gurram, *Decentralized Langevin dynamics for Bayesian learning*,
 NeurIPS 2020 (the algorithm; the step's choice is pyro_fed's).
@@ -280,19 +282,27 @@ def within_disagreement(
     by at most ``CONSENSUS_MEAN_TARGET`` posterior sds, the rounds of uploads it cost, and whether the
     target was met, the drift at the step returned and whether any step was cut for it.
 
-    The quadratic model of :func:`consensus_analysis` is blind to it: the agents sit about
-    :math:`\sqrt{2\alpha n}` posterior sds from their average (:func:`disagreement`), where a curved
-    potential's gradients no longer average to the gradient at the average. Measured with the agents' real
-    gradients at the typical points, with the disagreement drawn in antithetic pairs :math:`\pm e` (the linear
-    term cancels exactly, leaving the curvature's), as the drift error :math:`\frac12 E[G(x + e) + G(x - e)] -
-    \nabla U(x)`, :math:`G(z) = \sum_i \nabla U_i(z_i)`, averaged over the points, in the preconditioned
-    coordinates (a mean shift in posterior sds). The step is halved until the drift is within the target, then
-    bisected (geometrically) twice between the last step that missed it and the first that met it: the drift
-    grows with the disagreement, which grows with the step until the graph's slow modes saturate."""
-    missed, met, rounds, drifts = None, None, 0, {}
+    The quadratic model of :func:`consensus_analysis` is blind to most of it: it sees each coordinate alone,
+    at the mode. The agents disagree for two reasons. Their own noise puts each about :math:`\sqrt{2\alpha
+    n}` posterior sds from their average (:func:`disagreement`), where a curved potential's gradients no
+    longer average to the gradient at the average. Their data pull each toward its own posterior
+    (:func:`data_pulls`), and where one coordinate's curvature depends on another (a noise scale's on the
+    residuals of the regression coefficients), the agents' offsets and their curvatures move together: an
+    agent pulled toward its own fit sees smaller residuals, and the average's scale shrinks. Both are
+    measured with the agents' real gradients at the typical points, the noise's disagreement drawn in
+    antithetic pairs :math:`\pm e` around the data's offsets :math:`o` (the noise's linear term cancels
+    exactly), as the drift error :math:`\frac12 E[G(x + o + e) + G(x + o - e)] - \nabla U(x)`, :math:`G(z) =
+    \sum_i \nabla U_i(z_i)`, averaged over the points, in the preconditioned coordinates (a mean shift in
+    posterior sds). The two can pull a coordinate in opposite directions (the noise's spread makes residuals
+    larger); they act together, and are measured so. The step is halved until the drift is within the
+    target, then bisected (geometrically) twice between the last step that missed it and the first that met
+    it: the drift grows with the step (the data's offsets in proportion, the noise's until the graph's slow
+    modes saturate)."""
+    pulls = data_pulls(graph, consensus_size, chosen, run)
+    missed, met, rounds, drifts = None, None, 1, {}  # a round for the gradients of the data's pulls
     for _ in range(DISAGREEMENT_CHECKS):
         rounds += 1  # the agents upload their gradients at all the draws together
-        drifts[step] = disagreement_drift(graph, consensus_size, chosen, step, run)
+        drifts[step] = disagreement_drift(graph, consensus_size, chosen, step, run, pulls=pulls)
         if drifts[step] <= CONSENSUS_MEAN_TARGET:
             met = step
             if missed is None:  # the largest step tried: nothing to refine
@@ -311,17 +321,61 @@ def within_disagreement(
     return met, rounds, (True, drifts[met], missed is not None)
 
 
-def disagreement_drift(graph, consensus_size: float, chosen: Adaptation, step: float, run: Run) -> float:
+def drift_points(chosen: Adaptation) -> torch.Tensor:
+    """Where the drift is measured: the warm-up's typical points and their reflections through the mode
+    (``[2P, d]``). The drift's average over the posterior is wanted; its part that changes linearly across
+    the points (the data's pulls on a Gaussian posterior are affine in the point) cancels exactly between a
+    point and its reflection, where four points alone left a Monte Carlo error of the size of the drift."""
+    points = chosen.typical_points
+    return torch.cat([points, 2 * chosen.mode - points])
+
+
+def data_pulls(graph, consensus_size: float, chosen: Adaptation, run: Run) -> torch.Tensor:
+    r"""The held agents' offsets from their average that their data cause, per unit of step, at each point
+    :math:`x` of :func:`drift_points` (``[2P, b_h, d]``, in the model's coordinates).
+
+    With its gradient held at :math:`g_i = \nabla U_i(x)`, agent :math:`i`'s offset :math:`o_i` settles
+    where the consensus step undoes the local one, :math:`\beta L o = -\alpha n\, M (g - \bar g)` in each
+    coordinate (:math:`M` the preconditioner): :math:`o = -\alpha n\, (\beta L)^+ M g`, the pseudo-inverse
+    acting on the agents' axis (it removes their mean). The local steps' own pull back, :math:`\alpha n\, M
+    \nabla^2 U_i`, is left out: on the graphs where the offsets matter it is much smaller than :math:`\beta`
+    times the Laplacian's spectral gap, and without it the offsets are, if anything, too large. Every process
+    reads all the agents' gradients (one gather) and keeps its own agents' offsets."""
+    pot, network, points = run.potential, run.network, drift_points(chosen)
+    gradients = network.gather(pot.full_client_grads(points[:, None, :].expand(-1, pot.num_clients, -1)))
+    network.record_averages(1, shared=True)
+    preconditioner = chosen.preconditioner.to(gradients)
+    scaled = gradients @ preconditioner if preconditioner.dim() == 2 else gradients * preconditioner
+    eigenvalues, vectors = torch.linalg.eigh(consensus_size * graph.laplacian.to(torch.float64))
+    inverse = torch.where(eigenvalues > 1e-9 * eigenvalues.max(), 1 / eigenvalues, torch.zeros(()))
+    spread = (vectors * inverse) @ vectors.T  # (beta L)^+
+    held = network.held(network.num_clients)
+    return -network.num_clients * (spread[held].to(scaled) @ scaled)
+
+
+def disagreement_drift(
+    graph,
+    consensus_size: float,
+    chosen: Adaptation,
+    step: float,
+    run: Run,
+    *,
+    pulls: torch.Tensor | None = None,
+) -> float:
     """The largest drift of the average, in posterior sds, from the agents' disagreement at ``step`` on
-    ``graph`` with the consensus step ``consensus_size`` (see :func:`within_disagreement`)."""
+    ``graph`` with the consensus step ``consensus_size`` (see :func:`within_disagreement`); ``pulls``:
+    :func:`data_pulls` (computed here if not given)."""
     pot, network = run.potential, run.network
-    root, points = adaptation.square_root(chosen.preconditioner), chosen.typical_points
+    if pulls is None:
+        pulls = data_pulls(graph, consensus_size, chosen, run)
+    root, points = adaptation.square_root(chosen.preconditioner), drift_points(chosen)
     generator = torch.Generator().manual_seed(0)  # the same draws for every step tried: a smooth search
     draws = disagreement(graph.laplacian, consensus_size, step, pot.dim, DISAGREEMENT_PAIRS, generator)
     # the disagreement of all the agents (drawn alike wherever they are held), of which each process
     # evaluates its own agents' gradients: the sum over all of them is the same for any split
     offsets = adaptation.whiten(root, draws[:, network.held(network.num_clients)].to(points))
-    agents = points[:, None, None, :] + torch.cat([offsets, -offsets])[None]  # [P, 2R, b, d]
+    centres = points[:, None, :] + step * pulls  # [P, b, d]
+    agents = centres[:, None] + torch.cat([offsets, -offsets])[None]  # [P, 2R, b, d]
     summed = network.sum(pot.full_client_grads(agents.reshape(-1, pot.num_clients, pot.dim)))
     drift = summed.reshape(len(points), -1, pot.dim).mean(1) - pot.total_gradient(points)
     return float(adaptation.whiten(root, drift.mean(0)).abs().max())

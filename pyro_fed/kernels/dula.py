@@ -32,10 +32,13 @@ class DulaKernel(FederatedKernel):
     disagreement costs the average little (:mod:`pyro_fed.algorithms.dula_step`): in a diagonal quadratic
     model of the agents at the mode (their curvatures and gradients there, the graph's Laplacian), the
     average's stationary variance within 10% of the posterior's and its mean within a tenth of a posterior
-    standard deviation in every coordinate. Identical agents cost nothing (their disagreement cancels in the
-    average); heterogeneous ones on a slowly mixing graph (a long ring) cost a smaller step. The decaying
-    schedule makes a long run mix ever more slowly; the end of the run says so when its steps covered too few
-    relaxation times for its draws to be independent.
+    standard deviation in every coordinate; and, with the agents' real gradients at the warm-up's typical
+    points, the drift of the average within a tenth of a posterior sd, where each agent sits where its own
+    noise and its data put it (an agent pulled toward its own fit sees smaller residuals, and a noise scale
+    shrinks). Identical agents cost nothing (their disagreement cancels in the average); heterogeneous ones on
+    a slowly mixing graph (a long ring) cost a smaller step. The decaying schedule makes a long run mix ever
+    more slowly; the end of the run says so when its steps covered too few relaxation times for its draws to
+    be independent.
 
     **Reference:** Parayil, Bai, George, Gurram, *Decentralized Langevin dynamics for Bayesian learning*,
     NeurIPS 2020.
