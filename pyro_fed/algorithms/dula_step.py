@@ -251,9 +251,9 @@ def step_problem(
     met, value, cut_for_drift = drift
     if cut_for_drift:
         reasons.append(
-            f"the drift of the average that the agents' disagreement causes on the curved potential is "
-            f"{value:.3g} posterior sds at {step:.3g}, {'within' if met else 'still above'} its "
-            f"target of {CONSENSUS_MEAN_TARGET:g}"
+            "the drift of the average that the agents' disagreement causes (their own noise's and their "
+            f"data's pulls) is {value:.3g} posterior sds at {step:.3g}, "
+            f"{'within' if met else 'still above'} its target of {CONSENSUS_MEAN_TARGET:g}"
         )
     sentence = (
         f"D-ULA's automatic step is {step:.3g}, the warm-up's {chosen.step_size:.3g} (stable for each "
