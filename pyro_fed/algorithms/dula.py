@@ -123,8 +123,9 @@ class Dula(Algorithm):
     :param graph: the agents' graph: a :class:`~pyro_fed.network.graphs.Graph`, or what
         :func:`~pyro_fed.network.graphs.make_graph` builds one from (a name, an adjacency matrix), built for
         the run's agents (:meth:`resolve`).
-    :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0` (``None``:
-        :math:`1/\\lambda_{\\max}(L)`, resolved for the run).
+    :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0` (``None``: the fastest
+        contraction of the agents' disagreement, :math:`2 / (\\lambda_2 + \\lambda_{\\max})`
+        (:meth:`consensus_for`), resolved for the run).
     :param str schedule: ``"constant"`` or ``"decaying"`` (the paper's): the automatic constant step is cut
         for the agents' disagreement (:mod:`pyro_fed.algorithms.dula_step`), the decaying one is not.
     :param float step_decay: :math:`\\delta_2` (0: a constant step).
@@ -157,11 +158,21 @@ class Dula(Algorithm):
         return make_graph(self.graph, num_agents)
 
     def consensus_for(self, graph: Graph) -> float:
-        """:math:`b` on ``graph``: the given one, or :math:`1 / \\lambda_{\\max}(L)` (0 for one agent)."""
+        r""":math:`b` on ``graph``: the given one, or the consensus step that contracts the agents'
+        disagreement fastest, :math:`2 / (\lambda_2 + \lambda_{\max})` (0 for one agent).
+
+        One exchange multiplies the disagreement along the Laplacian's eigenvector of eigenvalue
+        :math:`\lambda` by :math:`1 - \beta \lambda`; the slowest of them, :math:`\max(|1 - \beta
+        \lambda_2|, |1 - \beta \lambda_{\max}|)`, is smallest where the two are equal (Xiao & Boyd, *Fast
+        linear iterations for distributed averaging*, Systems & Control Letters 2004: the best constant edge
+        weight). On a complete graph it is :math:`1 / n`, which averages in one exchange; on a ring of 10
+        agents it is 1.8 times the paper's :math:`1 / \lambda_{\max}`, which divides by as much the offsets
+        that the agents' own data pull them to (:func:`~pyro_fed.algorithms.dula_step.data_pulls`), and
+        allows a step about as many times larger."""
         if self.consensus_size is not None:
             return self.consensus_size
-        lambda_max = graph.lambda_max
-        return 1.0 / lambda_max if lambda_max > 0 else 0.0
+        total = graph.spectral_gap + graph.lambda_max
+        return 2.0 / total if total > 0 else 0.0
 
     def resolve(self, run):
         graph = self.agents_graph(run.network.num_clients)

@@ -50,7 +50,10 @@ class DulaKernel(FederatedKernel):
         :math:`\alpha_0` is the warm-up's).
     :param str schedule: ``"constant"`` (default) or ``"decaying"`` (the paper's).
     :param float step_decay: :math:`\delta_2` (``"decaying"`` only; default 0.55).
-    :param float consensus_size: :math:`b` (default :math:`1/\lambda_{\max}(L)`).
+    :param float consensus_size: :math:`b` (default :math:`2 / (\lambda_2 + \lambda_{\max})`, with
+        :math:`\lambda_2` and :math:`\lambda_{\max}` the Laplacian's smallest non-zero and largest
+        eigenvalues: the step that contracts the agents' disagreement fastest, :math:`1 / n` on a complete
+        graph; the paper's experiments use :math:`1.01 / \lambda_{\max}`).
     :param float consensus_decay: :math:`\delta_1` (``"decaying"`` only; default 0.04, as in the paper's
         Gaussian-mixture experiment: with :math:`\delta_2 = 0.55` it satisfies the condition below strictly).
     :param float step_offset: :math:`k_0` (``"decaying"`` only; default 0): slows the decay.

@@ -65,6 +65,13 @@ class Graph:
         return float(torch.linalg.eigvalsh(self.laplacian).max())
 
     @property
+    def spectral_gap(self) -> float:
+        """The Laplacian's second-smallest eigenvalue :math:`\\lambda_2` (its algebraic connectivity; 0 for a
+        single agent): how fast the slowest disagreement between agents decays."""
+        eigenvalues = torch.linalg.eigvalsh(self.laplacian)
+        return float(eigenvalues[1]) if len(eigenvalues) > 1 else 0.0
+
+    @property
     def directed_edges(self) -> int:
         """Number of (agent, neighbour) pairs: the messages of one exchange."""
         return int((self.adjacency > 0).sum())
@@ -94,12 +101,12 @@ def make_graph(graph, num_agents: int, *, edge_prob: float = 0.5, seed: int = 0)
     r"""A :class:`Graph` from a name (``"ring"``, ``"complete"``, ``"star"``, ``"path"``, ``"erdos_renyi"``
     with ``edge_prob`` and ``seed``), an adjacency matrix, or a :class:`Graph`.
 
-    Example: the D-ULA paper's five agents on a ring, and D-ULA's default consensus step
-    :math:`1/\lambda_{\max}(L)`:
+    Example: the D-ULA paper's five agents on a ring, the largest and smallest non-zero eigenvalues of its
+    Laplacian (D-ULA's default consensus step is :math:`2 / (\lambda_2 + \lambda_{\max})`):
 
         >>> ring = make_graph("ring", 5)
-        >>> round(ring.lambda_max, 3), ring.directed_edges
-        (3.618, 10)
+        >>> round(ring.lambda_max, 3), round(ring.spectral_gap, 3), ring.directed_edges
+        (3.618, 1.382, 10)
     """
     if isinstance(graph, Graph):
         if graph.num_agents != num_agents:

@@ -49,6 +49,27 @@ def test_a_dense_step_decays_as_a_matrix_step_and_its_root():
     torch.testing.assert_close(root @ root.T, 0.2 * factor_of * covariance)
 
 
+@pytest.mark.parametrize("name", ["ring", "path", "star", "complete"])
+def test_the_default_consensus_step_contracts_the_disagreement_fastest(name):
+    # one exchange multiplies the disagreement along the Laplacian's eigenvector of eigenvalue lambda by
+    # 1 - beta lambda: 2 / (lambda_2 + lambda_max) makes the slowest of them, over lambda_2..lambda_max, the
+    # smallest; on a complete graph it is 1 / n, which averages in one exchange
+    graph = make_graph(name, 10)
+    beta = dula.Dula().consensus_for(graph)
+    eigenvalues = torch.linalg.eigvalsh(graph.laplacian)[1:]
+
+    def slowest(b):
+        return float((1 - b * eigenvalues).abs().max())
+
+    assert all(slowest(beta) <= slowest(beta * factor) + 1e-12 for factor in (0.5, 0.9, 1.1, 2.0))
+    assert slowest(beta) < slowest(1 / graph.lambda_max) or name == "complete"
+    if name == "complete":
+        assert beta == pytest.approx(0.1)
+        mixed = torch.eye(10, dtype=torch.float64) - beta * graph.laplacian
+        torch.testing.assert_close(mixed, torch.full((10, 10), 0.1, dtype=torch.float64))
+    assert dula.Dula(consensus_size=0.3).consensus_for(graph) == 0.3
+
+
 def test_mixing_is_simultaneous():
     graph = make_graph("path", 3)
     w = torch.tensor([[0.0], [3.0], [6.0]], dtype=torch.float64)

@@ -12,6 +12,10 @@ def test_named_graphs_and_their_laplacians():
     ring = make_graph("ring", 5)
     # the 5-ring's Laplacian spectrum is 2 - 2 cos(2 pi k / 5): largest 2 + 2 cos(pi / 5) = 3.618
     assert ring.lambda_max == pytest.approx(2 + 2 * math.cos(math.pi / 5))
+    # and its smallest non-zero one 2 - 2 cos(2 pi / 5) = 1.382; a complete graph's are all n
+    assert ring.spectral_gap == pytest.approx(2 - 2 * math.cos(2 * math.pi / 5))
+    assert make_graph("complete", 4).spectral_gap == pytest.approx(4.0)
+    assert make_graph("complete", 1).spectral_gap == 0.0
     assert ring.directed_edges == 10 and ring.exchange_bits(3) == 32 * 3 * 10
     assert make_graph("complete", 4).lambda_max == pytest.approx(4.0)
     assert make_graph("star", 4).directed_edges == 6 and make_graph("path", 4).directed_edges == 6
