@@ -71,6 +71,8 @@ class ChunkRunner:
         #: iterations computed so far
         self.computed = 0
         self._engine: ChunkEngine | None = None
+        #: seconds per iteration of the fastest chunk so far (see _maybe_compile)
+        self._fastest = math.inf
         # the widths of the working clients' rows prepared so far (see working_rows)
         self._widths: set[int] = set()
         if algorithm.selects_clients and minibatches is None:
@@ -160,18 +162,25 @@ class ChunkRunner:
 
     def _maybe_compile(self, seconds: float, event_seconds: float, num_iterations: int) -> None:
         """``gradient_mode="auto"``: compile the iteration when the traced iterations still to run would
-        take longer than ``AUTO_COMPILE_SECONDS`` (projected from the chunk just run, ``seconds`` long
-        without its events), and the clients' full gradients of the events (refreshes, snapshots) when
-        theirs would (``event_seconds`` in the chunk): rare events are not worth a compilation."""
+        take longer than ``AUTO_COMPILE_SECONDS`` (projected at the rate of the fastest chunk so far: the
+        chunk just run took ``seconds`` without its events), and the clients' full gradients of the events
+        (refreshes, snapshots) when theirs would (``event_seconds`` in the chunk): rare events are not worth a
+        compilation.
+
+        The fastest chunk, not the last: one chunk stalled by the machine projected over the run would decide
+        it. A chunk of 64 iterations at 0.15 ms each, with 12,000 to go, projects 1.7 seconds; stalled a tenth
+        of a second (a pause on a shared CPU), 20, and a compilation of several seconds follows (the likely
+        cause of a posteriordb run at the same code that took 6.6 seconds, where it had taken 2.6)."""
         if self._engine.mode != "auto":
             return
         remaining = self.remaining_iterations()
-        ahead = (math.inf if remaining is None else remaining) / num_iterations
+        remaining = math.inf if remaining is None else remaining
+        self._fastest = min(self._fastest, seconds / num_iterations)
         # timings differ between the holders of clients: any that would compile makes all compile, so that
         # all run the same iteration
-        if self.network.agree(ahead * seconds > AUTO_COMPILE_SECONDS):
+        if self.network.agree(remaining * self._fastest > AUTO_COMPILE_SECONDS):
             self._engine = self._new_engine("compiled")
-        events = self.network.agree(ahead * event_seconds > AUTO_COMPILE_SECONDS)
+        events = self.network.agree(remaining / num_iterations * event_seconds > AUTO_COMPILE_SECONDS)
         if events and self.potential.gradient_mode == "auto":
             self.potential.gradient_mode = "compiled"
 

@@ -195,3 +195,29 @@ def test_an_events_first_preparation_does_not_count_as_the_iterations_time(monke
         mcmc.run(*regression_data(40))
     assert kernel.preparation_seconds >= 1.0  # a refresh prepared a new shape of the full gradients
     assert kernel.engine().mode == "auto" and kernel.potential.gradient_mode == "auto"
+
+
+def test_one_stalled_chunk_does_not_make_a_run_compile(monkeypatch):
+    # gradient_mode="auto" projects the traced iterations still to run at the rate of the fastest chunk so
+    # far: one chunk stalled by the machine (0.5 s here; a tenth of a second is enough on a run of thousands
+    # of iterations) projected over the rest would have exceeded the 2 s threshold, where the iterations
+    # themselves (about a millisecond a chunk) project a few tenths of a second
+    runs = ChunkRunner._run
+    calls = []
+
+    def stalled(self, *args, **kwargs):
+        calls.append(None)
+        if len(calls) == 3:
+            time.sleep(0.5)
+        return runs(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkRunner, "_run", stalled)
+    monkeypatch.setattr("pyro_fed.kernels.chunks.AUTO_COMPILE_SECONDS", 2.0)
+    kernel = FaldKernel(MODEL, CLIENTS, step_size=0.01, batch_size=5, thinning=1, chunk_size=16)
+    mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, num_chains=2, disable_progbar=True)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the end-of-run checks of a short run
+        mcmc.run(*regression_data(40))
+    assert len(calls) > 3  # the stalled chunk ran, and others after it
+    assert kernel.engine().mode == "auto"
