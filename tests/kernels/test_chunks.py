@@ -168,6 +168,16 @@ def test_partial_participation_evaluates_the_active_clients_alone_to_the_same_dr
     assert np.array_equal(selected, qlsd())
 
 
+def run_quietly(kernel, num_samples: int) -> None:
+    """Two chains of ``num_samples`` draws of the regression, without warm-up, their end-of-run warnings (a
+    short run's) silenced."""
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, num_chains=2, disable_progbar=True)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(*regression_data(40))
+
+
 def test_an_events_first_preparation_does_not_count_as_the_iterations_time(monkeypatch):
     # gradient_mode="auto" compiles when the traced iterations still to run are projected to take longer
     # than AUTO_COMPILE_SECONDS. A refresh's first preparation of the clients' full gradients (made 1 s long
@@ -188,11 +198,7 @@ def test_an_events_first_preparation_does_not_count_as_the_iterations_time(monke
     monkeypatch.setattr(potential_module, "prepare", slow_prepare)
     monkeypatch.setattr("pyro_fed.kernels.chunks.AUTO_COMPILE_SECONDS", 10.0)
     kernel = VrFaldKernel(MODEL, CLIENTS, step_size=0.01, refresh_prob=0.3, batch_size=5, chunk_size=16)
-    mcmc = MCMC(kernel, num_samples=200, warmup_steps=0, num_chains=2, disable_progbar=True)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the end-of-run checks of a short run
-        mcmc.run(*regression_data(40))
+    run_quietly(kernel, 200)
     assert kernel.preparation_seconds >= 1.0  # a refresh prepared a new shape of the full gradients
     assert kernel.engine().mode == "auto" and kernel.potential.gradient_mode == "auto"
 
@@ -214,10 +220,6 @@ def test_one_stalled_chunk_does_not_make_a_run_compile(monkeypatch):
     monkeypatch.setattr(ChunkRunner, "_run", stalled)
     monkeypatch.setattr("pyro_fed.kernels.chunks.AUTO_COMPILE_SECONDS", 2.0)
     kernel = FaldKernel(MODEL, CLIENTS, step_size=0.01, batch_size=5, thinning=1, chunk_size=16)
-    mcmc = MCMC(kernel, num_samples=400, warmup_steps=0, num_chains=2, disable_progbar=True)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the end-of-run checks of a short run
-        mcmc.run(*regression_data(40))
+    run_quietly(kernel, 400)
     assert len(calls) > 3  # the stalled chunk ran, and others after it
     assert kernel.engine().mode == "auto"
