@@ -141,7 +141,7 @@ def consensus_analysis(
 
 
 def disagreement(
-    laplacian: torch.Tensor,
+    graph,
     consensus_size: float,
     step: float,
     dim: int,
@@ -157,8 +157,10 @@ def disagreement(
     Gaussian of variance :math:`2 \alpha n / (1 - \rho_k^2)`, :math:`\rho_k = 1 - \beta\lambda_k - \alpha`,
     and :math:`e = \sum_{k \ge 2} u_k \xi_k`. Each agent is about :math:`\sqrt{2 \alpha n}` posterior sds from
     the average even on a complete graph: its noise is the one the average needs, times :math:`\sqrt n`.
+
+    :param graph: a :class:`~pyro_fed.network.graphs.Graph`: its Laplacian's eigenbasis, computed once.
     """
-    eigenvalues, vectors = torch.linalg.eigh(laplacian.to(torch.float64))
+    eigenvalues, vectors = graph.eigenbasis
     rho = 1.0 - consensus_size * eigenvalues[1:] - step
     variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
     modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64)
@@ -232,8 +234,7 @@ def step_problem(
     if not (unmet or short) or step >= chosen.step_size:
         return None
     n, names = run.network.num_clients, run.potential.space.coordinate_names
-    eigenvalues = torch.linalg.eigvalsh(graph.laplacian)
-    gap, largest = float(eigenvalues[1]), float(eigenvalues[-1])
+    gap, largest = graph.spectral_gap, graph.lambda_max
     reasons = []
     if consensus.coordinate >= 0 and (not consensus.met or consensus.step < chosen.step_size):
         k = consensus.coordinate
@@ -370,7 +371,7 @@ def disagreement_drift(
         pulls = data_pulls(graph, consensus_size, chosen, run)
     root, points = adaptation.square_root(chosen.preconditioner), drift_points(chosen)
     generator = torch.Generator().manual_seed(0)  # the same draws for every step tried: a smooth search
-    draws = disagreement(graph.laplacian, consensus_size, step, pot.dim, DISAGREEMENT_PAIRS, generator)
+    draws = disagreement(graph, consensus_size, step, pot.dim, DISAGREEMENT_PAIRS, generator)
     # the disagreement of all the agents (drawn alike wherever they are held), of which each process
     # evaluates its own agents' gradients: the sum over all of them is the same for any split
     offsets = adaptation.whiten(root, draws[:, network.held(network.num_clients)].to(points))

@@ -19,6 +19,8 @@ Bayesian learning*, NeurIPS 2020.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .base import BITS_PER_FLOAT
@@ -59,17 +61,27 @@ class Graph:
         """:math:`L = \\Delta - A`, ``[n, n]``."""
         return torch.diag(self.adjacency.sum(1)) - self.adjacency
 
+    # a graph is not changed once built: its spectrum is computed once, where a run reads it many times
+    @functools.cached_property
+    def eigenvalues(self) -> torch.Tensor:
+        """The Laplacian's eigenvalues, ascending (``[n]``, float64)."""
+        return torch.linalg.eigvalsh(self.laplacian)
+
+    @functools.cached_property
+    def eigenbasis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Laplacian's eigenvalues, ascending, and its eigenvectors as columns (float64)."""
+        return torch.linalg.eigh(self.laplacian)
+
     @property
     def lambda_max(self) -> float:
         """The largest eigenvalue of the Laplacian (0 for a single agent)."""
-        return float(torch.linalg.eigvalsh(self.laplacian).max())
+        return float(self.eigenvalues.max())
 
     @property
     def spectral_gap(self) -> float:
         """The Laplacian's second-smallest eigenvalue :math:`\\lambda_2` (its algebraic connectivity; 0 for a
         single agent): how fast the slowest disagreement between agents decays."""
-        eigenvalues = torch.linalg.eigvalsh(self.laplacian)
-        return float(eigenvalues[1]) if len(eigenvalues) > 1 else 0.0
+        return float(self.eigenvalues[1]) if self.num_agents > 1 else 0.0
 
     @property
     def directed_edges(self) -> int:
