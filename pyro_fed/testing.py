@@ -111,6 +111,16 @@ def heterogeneous_gaussian_clients(
     """
     if dim % 2:
         raise ValueError(f"dim must be even (2x2 blocks); got {dim}.")
+    with torch.device(
+        "cpu"
+    ):  # drawn on the host with a seeded CPU generator, then placed like any new tensor
+        precisions, means = _random_gaussians(num_clients, dim, mean_scale, seed, dtype)
+    device = torch.get_default_device()
+    return GaussianClients(precisions.to(device), means.to(device))
+
+
+def _random_gaussians(num_clients: int, dim: int, mean_scale: float, seed: int, dtype) -> tuple:
+    """The precisions and means of :func:`heterogeneous_gaussian_clients`."""
     g = torch.Generator().manual_seed(seed)
     means = mean_scale * torch.randn(num_clients, dim, generator=g, dtype=dtype)
     scales = 0.1 + 10.0 * torch.rand(num_clients, generator=g, dtype=dtype)
@@ -126,7 +136,7 @@ def heterogeneous_gaussian_clients(
         covariances[:, s, s] = (
             scales[:, None, None] * rotation @ torch.diag_embed(spread) @ rotation.transpose(-1, -2)
         )
-    return GaussianClients(torch.linalg.inv(covariances), means)
+    return torch.linalg.inv(covariances), means
 
 
 def regression_clients(

@@ -1,24 +1,36 @@
-"""The chunked engine on a CUDA device (skipped without one): CUDA-graph replay of full chunks gives the
-draws of the eager reference, with chains, minibatches and VR-FALD⋆'s refreshes."""
+"""The kernels on a device other than the default one: on a CUDA device (skipped without one), CUDA-graph
+replay of full chunks gives the draws of the eager reference, with chains, minibatches and VR-FALD⋆'s
+refreshes; and every kernel at its defaults runs with the data on the device, as a Pyro user puts them there
+(the default device set to it, or the data alone moved). The default-device tests also run on the CPU under a
+``torch.device("cpu")`` context, which routes every tensor operation through the device mode that
+``torch.set_default_device("cuda")`` installs: code that behaves otherwise under that mode fails there without
+a GPU (host and device tensors mixed show only on a GPU)."""
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
 
 import pyro_fed
-from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
 
 from .models import logistic_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture
-def cuda_default():
-    torch.set_default_device("cuda")
-    yield
-    torch.set_default_device("cpu")
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+def device(request):
+    """A device, made torch's default one the way a Pyro user does it (``torch.set_default_device``); the
+    CPU through a device context, which ``set_default_device("cpu")`` would not install."""
+    if request.param == "cuda":
+        torch.set_default_device("cuda")
+        yield "cuda"
+        torch.set_default_device("cpu")
+    else:
+        with torch.device("cpu"):
+            yield "cpu"
 
 
 def draws(kernel_class, mode, **options):
@@ -36,6 +48,7 @@ def draws(kernel_class, mode, **options):
     return samples, kernel
 
 
+@needs_cuda
 @pytest.mark.parametrize(
     "kernel_class, options",
     [
@@ -44,7 +57,15 @@ def draws(kernel_class, mode, **options):
         (VrFaldKernel, {"batch_size": 8, "refresh_prob": 0.05}),
     ],
 )
-def test_cuda_graph_chunks_give_the_eager_draws(cuda_default, kernel_class, options):
+def test_cuda_graph_chunks_give_the_eager_draws(kernel_class, options):
+    torch.set_default_device("cuda")
+    try:
+        check_cuda_graph_chunks(kernel_class, options)
+    finally:
+        torch.set_default_device("cpu")
+
+
+def check_cuda_graph_chunks(kernel_class, options):
     eager, _ = draws(kernel_class, "eager", **options)
     compiled, kernel = draws(kernel_class, "compiled", **options)
     # FALD runs whole chunks of 64 iterations: they must have been captured and replayed as CUDA graphs
@@ -56,7 +77,7 @@ def test_cuda_graph_chunks_give_the_eager_draws(cuda_default, kernel_class, opti
 
 
 @pytest.mark.parametrize("kernel_class", [FaldKernel, VrFaldKernel])
-def test_defaults_and_the_readme_setting_under_the_cuda_default_device(cuda_default, kernel_class):
+def test_defaults_and_the_readme_setting_under_the_default_device(device, kernel_class):
     # torch.set_default_device("cuda") is how a Pyro user moves a model to the GPU: the data sets, the
     # partitions (host generators), the warm-up adaptation, coins and minibatches must all follow it
     x, y = pyro_fed.datasets.titanic()
@@ -69,13 +90,13 @@ def test_defaults_and_the_readme_setting_under_the_cuda_default_device(cuda_defa
         mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
         mcmc.run(x, y)
         samples = mcmc.get_samples()["w"]
-        assert samples.is_cuda and torch.isfinite(samples).all()
-        assert kernel.adaptation.preconditioner.is_cuda
+        assert samples.device.type == device and torch.isfinite(samples).all()
+        assert kernel.adaptation.preconditioner.device.type == device
         idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
         assert idata.posterior["w"].shape == (2, 64, 4)
 
 
-def test_qlsd_plus_plus_under_the_cuda_default_device(cuda_default):
+def test_qlsd_plus_plus_under_the_default_device(device):
     x, y = pyro_fed.datasets.titanic()
     clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
     pyro.set_rng_seed(0)
@@ -92,5 +113,53 @@ def test_qlsd_plus_plus_under_the_cuda_default_device(cuda_default):
     mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
     mcmc.run(x, y)
     samples = mcmc.get_samples()["w"]
-    assert samples.is_cuda and torch.isfinite(samples).all()
+    assert samples.device.type == device and torch.isfinite(samples).all()
     assert kernel.diagnostics()["uploaded bits"] > 0
+
+
+@pytest.mark.parametrize("graph", ["ring", "complete"])
+def test_dula_at_its_defaults_under_the_default_device(device, graph):
+    # D-ULA's automatic step reads the graph's spectrum and its agents' data pulls: both must follow the
+    # default device, as must the gossip of every step
+    x, y = pyro_fed.datasets.titanic()
+    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    pyro.set_rng_seed(0)
+    kernel = DulaKernel(logistic_model, clients, graph=graph, record_agents=True)
+    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()["w"]
+    assert samples.device.type == device and torch.isfinite(samples).all()
+    idata = pyro_fed.to_inference_data(mcmc)
+    assert idata.posterior["w"].shape == (2, 64, 4)
+
+
+def logistic_model_on_the_data_device(x, y=None):
+    """:func:`~tests.models.logistic_model` with its prior's parameters made where the data are, as a model
+    must be written for data moved to a GPU alone (Pyro's own NUTS needs the same)."""
+    w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[-1]), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample(
+            "y", dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w), obs=pyro.subsample(y, event_dim=0)
+        )
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "kernel_class, options",
+    [(FaldKernel, {}), (VrFaldKernel, {}), (QlsdKernel, {"control_variate": "svrg"}), (DulaKernel, {})],
+)
+def test_every_kernel_at_its_defaults_with_the_data_moved_to_the_gpu(kernel_class, options):
+    # the other way a user moves a model to the GPU: the data alone (x.cuda()), the default device left on
+    # the CPU; the warm-up's host-side draws (typical points, the Lanczos start, the pilot's noise) and its
+    # windowed re-adaptation from the chains' draws must follow the data, not the default device
+    x, y = pyro_fed.datasets.titanic()
+    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    pyro.set_rng_seed(0)
+    kernel = kernel_class(logistic_model_on_the_data_device, clients, **options)
+    # a warm-up long enough for the windowed re-adaptation (a fraction of it, at least MIN_WINDOW_DRAWS)
+    mcmc = MCMC(kernel, num_samples=64, warmup_steps=200, num_chains=2, disable_progbar=True)
+    mcmc.run(x.cuda(), y.cuda())
+    samples = mcmc.get_samples()["w"]
+    assert samples.is_cuda and torch.isfinite(samples).all()
+    idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
+    assert idata.posterior["w"].shape == (2, 64, 4)

@@ -377,7 +377,7 @@ def client_stiffness(
     dim, done = shape[-1], 0
     if start is None:
         generator = torch.Generator(device="cpu").manual_seed(0)
-        start = torch.randn(shape, generator=generator, dtype=points.dtype).to(points.device)
+        start = torch.randn(shape, generator=generator, dtype=points.dtype, device="cpu").to(points.device)
     basis = [start / start.norm(dim=-1, keepdim=True).clamp_min(1e-300)]
     alphas, betas = [], []
     estimate = torch.zeros(shape[:-1], dtype=points.dtype, device=points.device)
@@ -497,7 +497,8 @@ def pilot_step(
             break
         for start in range(0, block, PILOT_NOISE_CHUNK):  # the noise of many iterations per transfer
             shape = (min(PILOT_NOISE_CHUNK, block - start), *x.shape)
-            x = move(x, torch.randn(shape, generator=generator, dtype=x.dtype).to(x.device), h)
+            kicks = torch.randn(shape, generator=generator, dtype=x.dtype, device="cpu")
+            x = move(x, kicks.to(x.device), h)
         iterations, elapsed = iterations + block, elapsed + block * h
         values.append(stiffness(x).double().reshape(-1))
         largest = max(largest, float(values[-1].max()))

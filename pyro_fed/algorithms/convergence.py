@@ -71,7 +71,7 @@ def _z_scale(draws: np.ndarray) -> np.ndarray:
     (``[C, S, k]``)."""
     c, s, k = draws.shape
     ranks = _ranks(draws.reshape(c * s, k))
-    quantiles = torch.as_tensor((ranks - 0.375) / (c * s + 0.25), dtype=torch.float64)
+    quantiles = torch.as_tensor((ranks - 0.375) / (c * s + 0.25), dtype=torch.float64, device="cpu")
     return torch.special.ndtri(quantiles).numpy().reshape(c, s, k)
 
 

@@ -163,7 +163,7 @@ def disagreement(
     eigenvalues, vectors = graph.eigenbasis
     rho = 1.0 - consensus_size * eigenvalues[1:] - step
     variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
-    modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64)
+    modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64, device="cpu")
     return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
 
 

@@ -143,7 +143,10 @@ def find_mode(
         s, y = trial - x, new_grad - grad
         curvature = float(s @ y)
         if curvature > 1e-10 * float(s.norm() * y.norm()):  # keeps the recursion positive definite
-            steps = [*steps[-(HISTORY - 1) :], (s, y, torch.tensor(1.0 / curvature, dtype=s.dtype))]
+            steps = [
+                *steps[-(HISTORY - 1) :],
+                (s, y, torch.tensor(1.0 / curvature, dtype=s.dtype, device=s.device)),
+            ]
         x, value, grad = trial, new_value, new_grad
     converged = informed and decrement <= tolerance
     return ModeSearch(x.to(dtype), grad.to(dtype), evaluations, decrement, converged)

@@ -748,7 +748,8 @@ class FederatedKernel(MCMCKernel):
         varies (a hierarchical model's scale): on eight schools the slowest direction then had 2.7 times fewer
         effective draws."""
         pot, chosen = self.potential, self.adaptation
-        draws = torch.as_tensor(self.runner.buffer.all_draws(window // 2)[:, : window - window // 2])
+        draws = self.runner.buffer.all_draws(window // 2)[:, : window - window // 2]
+        draws = torch.as_tensor(draws, device=pot.device)
         measured = adaptation.draws_preconditioner(draws, chosen.preconditioner)
         if measured is None:
             return

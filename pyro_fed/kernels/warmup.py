@@ -96,7 +96,8 @@ def adapt(
     # typical points of the posterior, where the chains will be: the stiffness (with the mode's) and the
     # noise are measured there; each client uploads its potential at the points (scalars, not counted)
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype).to(mode.device)
+    laplace = torch.randn(TYPICAL_POINTS, pot.dim, generator=generator, dtype=mode.dtype, device="cpu")
+    laplace = laplace.to(mode.device)
     if draws is None:
         points = adaptation.typical_points(pot.total_potentials, mode, adaptation.whiten(root, laplace))
     else:

@@ -144,7 +144,7 @@ def make_graph(graph, num_agents: int, *, edge_prob: float = 0.5, seed: int = 0)
     elif graph == "erdos_renyi":
         generator = torch.Generator().manual_seed(seed)
         upper = torch.triu(
-            (torch.rand(n, n, generator=generator, dtype=torch.float64) < edge_prob).double(), 1
+            (torch.rand(n, n, generator=generator, dtype=torch.float64, device="cpu") < edge_prob).double(), 1
         )
         a = upper + upper.T
     else:

@@ -99,11 +99,14 @@ def _client_group(potential: FederatedPotential, flat: np.ndarray, client_dim: s
     ``chain, draw, client_dim`` and ArviZ's default names for the site's own."""
     import xarray as xr
 
-    unconstrained = potential.unconstrained_params(torch.as_tensor(flat))
+    unconstrained = potential.unconstrained_params(torch.as_tensor(flat, device=potential.device))
     variables = {}
     for site in potential.latent_sites:
         dims = ("chain", "draw", client_dim, *(f"{site.name}_dim_{i}" for i in range(len(site.shape))))
-        variables[site.name] = (dims, potential.transforms[site.name].inv(unconstrained[site.name]).numpy())
+        variables[site.name] = (
+            dims,
+            potential.transforms[site.name].inv(unconstrained[site.name]).cpu().numpy(),
+        )
     return xr.Dataset(variables)
 
 
