@@ -9,20 +9,20 @@ million points, 2.6 GB of data). For each configuration:
 
 (k) **kernel through MCMC** -- ``MCMC(FaldKernel(model, clients, step_size=0.01, comm_prob=0.5,
     batch_size=32, gradient_mode=...), num_samples=S, warmup_steps=W, disable_progbar=True).run(x, y)``
-    with the data on the GPU. The same kernel object runs ``MCMC`` three times: a cold run (set-up, tracing,
-    TorchInductor compilation, CUDA-graph capture of a full chunk), then two warm runs with ``S1`` and
-    ``S2`` draws; the **time per draw** is ``(T(S2) - T(S1)) / (S2 - S1)``, so the set-up (which every run
-    repeats: the potential and the minibatch sampler are rebuilt, the compiled iteration is kept) and the
-    compilation cancel out. ``set-up + compile`` is the cold run's time minus its draws at that rate. Draw
-    counts are whole numbers of the kernel's chunks. A second, within-run estimate comes from a
-    ``hook_fn`` that time-stamps the draws that start a chunk, between the first and the last such draw
-    of the sampling phase; for ``b >= 10^5`` (whose set-up costs tens of seconds) only the cold run is
-    made and only this estimate is reported. With ``thinning = 10`` each draw is 10 iterations, so
-    per-draw / 10 shows the per-iteration cost without most of MCMC's per-draw overhead.
+    with the data on the GPU. The **time per draw** comes from a ``hook_fn`` that time-stamps the draws
+    that start a chunk, between the first and the last such draw of the sampling phase: it holds no set-up.
+    ``set-up + compile`` is the cold run's time (set-up, tracing, TorchInductor compilation, CUDA-graph
+    capture of a full chunk) minus its draws at that rate. For ``b <= 10^4`` the same kernel object also
+    runs two warm runs with ``S1`` and ``S2`` draws, and the JSON keeps ``(T(S2) - T(S1)) / (S2 - S1)``
+    as a second estimate; it is not the reported one, because each warm run repeats the set-up (the
+    potential and the minibatch sampler are rebuilt), and on an H200 that set-up (1.1-1.9 s) varied by
+    more than the extra draws took (0.3 s): the difference came out negative. With ``thinning = 10`` each
+    draw is 10 iterations, so per-draw / 10 shows the per-iteration cost without most of MCMC's per-draw
+    overhead. ``--report RUN.json`` writes the tables of a stored run again.
 (c) **8 chains** -- the same with ``MCMC(..., num_chains=8)``: the kernel advances the batched state
     ``[8, b, d]`` during chain 0's run and serves chains 1-7 from its buffers. Two numbers: the cost of one
-    iteration of the batched state, ``(T(S2) - T(S1)) / (S2 - S1)`` (8 chains advance; it includes
-    MCMC's per-draw work for all 8 chains), and the wall time per chain-draw, that divided by 8.
+    iteration of the batched state, timed as in (k) (8 chains advance; it includes MCMC's per-draw work
+    for all 8 chains), and the wall time per chain-draw, that divided by 8.
 (f) **floor** -- a hand-written batched FALD step in plain torch (per iteration: a fresh per-client
     permutation every local epoch of 2 minibatches, ``argsort`` of ``[C, b, 64]`` uniform keys; gather the
     minibatch rows; logistic gradient by batched ``matmul``; shared noise ``randn``; the coin ``rand() <
@@ -321,7 +321,7 @@ def measure_kernel(
             clock = ChunkClock(per_chunk)
             time_mcmc(kernel, 8 * per_chunk, per_chunk, num_chains, args, hook=clock)
             estimate = clock.per_draw(per_chunk)
-        result.update(per_draw_s=estimate, per_draw_hook_s=estimate, method="hook (one run)")
+        result.update(per_draw_hook_s=estimate, method="hook (one run)")
     else:
         warmup = per_chunk
         short = 2 * per_chunk
@@ -332,19 +332,30 @@ def measure_kernel(
         t_short = time_mcmc(kernel, short, warmup, num_chains, args, hook=ChunkClock(warmup))
         clock = ChunkClock(warmup)
         t_long = time_mcmc(kernel, long, warmup, num_chains, args, hook=clock)
-        per_draw = (t_long - t_short) / (long - short)
         result.update(
-            per_draw_s=per_draw,
             per_draw_hook_s=clock.per_draw(per_chunk),
+            per_draw_two_runs_s=(t_long - t_short) / (long - short),
             method="two warm runs",
             draws=[short, long],
             warm_run_s=[t_short, t_long],
         )
-    per_draw = result["per_draw_s"]
+    return settle(result)
+
+
+def settle(result: dict) -> dict:
+    """The row's per-draw time and what follows from it. The time stamps within one run come first: they
+    hold no set-up. The difference of two warm runs cancels the set-up only when it repeats to within a
+    small part of the extra draws' time; on an H200 each warm run spent 1.1-1.9 s rebuilding the potential
+    and the minibatch sampler against 0.3 s of extra draws, and the difference came out negative."""
+    per_draw = result.get("per_draw_hook_s")
+    if per_draw is None:
+        per_draw = result.get("per_draw_two_runs_s")
+    result["per_draw_s"] = per_draw
     if per_draw is not None:
-        result["setup_and_compile_s"] = max(0.0, cold - (cold_warmup + cold_draws) * per_draw)
-        result["per_iteration_s"] = per_draw / thinning  # all chains advance one iteration
-        result["per_chain_draw_s"] = per_draw / num_chains
+        draws = result["cold_draws"]
+        result["setup_and_compile_s"] = max(0.0, result["cold_run_s"] - draws * per_draw)
+        result["per_iteration_s"] = per_draw / result["thinning"]  # all chains advance one iteration
+        result["per_chain_draw_s"] = per_draw / result["num_chains"]
     return result
 
 
@@ -378,7 +389,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--budget", type=float, default=210.0, help="seconds after which configurations are skipped"
     )
+    parser.add_argument(
+        "--report", type=Path, help="measure nothing: report again the run of this JSON (into --out)"
+    )
     args = parser.parse_args(argv)
+    if args.report is not None:
+        return rereport(args.report, args.out)
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -404,11 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
         if device.type == "cuda"
         else f"CPU ({platform.processor() or platform.machine()})"
     )
-    header = (
-        f"FALD on {device_name}: logistic regression, {POINTS_PER_CLIENT} points/client, batch {BATCH_SIZE}, "
-        f"comm_prob={COMM_PROB}, float32; kernel through pyro.infer.MCMC vs a hand-written CUDA-graph floor"
-    )
-    print(header)
+    print(title(device_name))
     print(
         f"torch {torch.__version__}, pyro {pyro.__version__}, Python {platform.python_version()}", flush=True
     )
@@ -456,7 +468,8 @@ def main(argv: list[str] | None = None) -> dict:
             entry.update(d=d, b=b, wall_s=time.perf_counter() - t0)
             rows.append(entry)
             print(
-                f"{name}: {fmt_ms(entry['per_draw_s'])} ms/draw (hook {fmt_ms(entry['per_draw_hook_s'])}), "
+                f"{name}: {fmt_ms(entry['per_draw_s'])} ms/draw (two runs "
+                f"{fmt_ms(entry.get('per_draw_two_runs_s'))}), "
                 f"{fmt_ms(entry.get('per_iteration_s'))} ms/iteration, set-up+compile "
                 f"{entry.get('setup_and_compile_s', float('nan')):.1f} s ({entry['wall_s']:.0f} s)",
                 flush=True,
@@ -484,7 +497,68 @@ def main(argv: list[str] | None = None) -> dict:
                 flush=True,
             )
 
-    # -------------------------------------------------------------- tables
+    result = {
+        "benchmark": "gpu_step_cost",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "pyro": pyro.__version__,
+        "python": platform.python_version(),
+        "device": device_name,
+        "smoke_test": smoke,
+        "dtype": "float32",
+        "wall_s": time.perf_counter() - started,
+        "config": {
+            "points_per_client": POINTS_PER_CLIENT,
+            "batch_size": BATCH_SIZE,
+            "step_size": STEP_SIZE,
+            "comm_prob": COMM_PROB,
+            "dims": dims,
+            "clients": clients_list,
+            "configs": configs,
+            "modes": args.modes,
+            "quick": args.quick,
+            "budget_s": args.budget,
+            "graph_iterations": GRAPH_ITERATIONS,
+        },
+        "mcmc_loop_floor_per_draw_s": {str(d): s for d, s in loop_floor.items()},
+        "floor_per_iteration_s": [
+            {"d": d, "b": b, "num_chains": c, "seconds": s} for (d, b, c), s in floors.items()
+        ],
+        "kernel": rows,
+        "skipped": skipped,
+    }
+    return write(result, args.out)
+
+
+def title(device_name: str) -> str:
+    return (
+        f"FALD on {device_name}: logistic regression, {POINTS_PER_CLIENT} points/client, batch {BATCH_SIZE}, "
+        f"comm_prob={COMM_PROB}, float32; kernel through pyro.infer.MCMC vs a hand-written CUDA-graph floor"
+    )
+
+
+def write(result: dict, out: Path) -> dict:
+    """The report of a run (:func:`report`, which also sets its ``targets``) and its JSON, in ``out``."""
+    table = report(result)
+    print()
+    print(table)
+    stem = "gpu_step_cost_quick" if result["config"]["quick"] else "gpu_step_cost"
+    if result["smoke_test"]:
+        stem += "_cpu_smoke"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(table)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out / (stem + '.md')} and {stem}.json")
+    return result
+
+
+def report(result: dict) -> str:
+    """The Markdown tables of a run's ``result`` (as :func:`main` measures it); sets ``result["targets"]``."""
+    rows, config = result["kernel"], result["config"]
+    floors = {(f["d"], f["b"], f["num_chains"]): f["seconds"] for f in result["floor_per_iteration_s"]}
+    configs = [tuple(c) for c in config["configs"]]
+
     def find(mode, thinning, chains, d, b):
         return next(
             (
@@ -497,20 +571,20 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     lines = [
-        f"# {header}",
+        f"# {title(result['device'])}",
         "",
-        f"torch {torch.__version__}, pyro {pyro.__version__}, Python {platform.python_version()}, "
-        f"{device_name}{' (CPU smoke test: numbers meaningless)' if smoke else ''}"
-        f"{' (quick run)' if args.quick else ''}; {datetime.date.today().isoformat()}; "
-        f"{time.perf_counter() - started:.0f} s in all.",
+        f"torch {result['torch']}, pyro {result['pyro']}, Python {result['python']}, {result['device']}"
+        f"{' (CPU smoke test: numbers meaningless)' if result['smoke_test'] else ''}"
+        f"{' (quick run)' if config['quick'] else ''}; {result['date'][:10]}; "
+        f"{result['wall_s']:.0f} s in all.",
         "",
         "MCMC's own loop (a kernel that does nothing): "
-        + ", ".join(f"d = {d}: {fmt_ms(s)} ms/draw" for d, s in loop_floor.items())
+        + ", ".join(f"d = {d}: {fmt_ms(s)} ms/draw" for d, s in result["mcmc_loop_floor_per_draw_s"].items())
         + ".",
         "",
     ]
     targets = {"floor": [], "chains": []}
-    for mode in args.modes:
+    for mode in config["modes"]:
         lines += [
             f"## gradient_mode={mode!r}" + (" (default)" if mode == "compiled" else ""),
             "",
@@ -569,58 +643,46 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if not targets["floor"] and not targets["chains"]:
         lines.append("- none evaluated")
-    if skipped:
-        lines += ["", f"Skipped (time budget of {args.budget:.0f} s, or memory): " + "; ".join(skipped) + "."]
+    if result["skipped"]:
+        lines += [
+            "",
+            f"Skipped (time budget of {config['budget_s']:.0f} s, or memory): "
+            + "; ".join(result["skipped"])
+            + ".",
+        ]
     lines += [
         "",
-        "Per draw from two warm runs of different lengths (b ≤ 10^4) or, for larger b, from time stamps of "
-        "the draws that start a chunk within one run (the JSON has both estimates where both exist).",
+        "Per draw from the time stamps of the draws that start a chunk within one run (no set-up in it); the "
+        "JSON also has, for b ≤ 10^4, the difference of two warm runs of different lengths, which the "
+        "set-up's variation between runs can swamp on a GPU.",
         "",
-        "Produced by `benchmarks/gpu_step_cost.py` (see its docstring for what each column measures).",
+        "Produced by `benchmarks/gpu_step_cost.py` (see its docstring for what each column measures)"
+        + (
+            f"; reported again on {result['reported_again']} from the run's JSON (`--report`), whose own "
+            "table took the two-run difference."
+            if "reported_again" in result
+            else "."
+        ),
     ]
-    table = "\n".join(lines) + "\n"
-    print()
-    print(table)
+    result["targets"] = targets
+    return "\n".join(lines) + "\n"
 
-    result = {
-        "benchmark": "gpu_step_cost",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "pyro": pyro.__version__,
-        "python": platform.python_version(),
-        "device": device_name,
-        "smoke_test": smoke,
-        "dtype": "float32",
-        "wall_s": time.perf_counter() - started,
-        "config": {
-            "points_per_client": POINTS_PER_CLIENT,
-            "batch_size": BATCH_SIZE,
-            "step_size": STEP_SIZE,
-            "comm_prob": COMM_PROB,
-            "dims": dims,
-            "clients": clients_list,
-            "modes": args.modes,
-            "quick": args.quick,
-            "budget_s": args.budget,
-            "graph_iterations": GRAPH_ITERATIONS,
-        },
-        "mcmc_loop_floor_per_draw_s": {str(d): s for d, s in loop_floor.items()},
-        "floor_per_iteration_s": [
-            {"d": d, "b": b, "num_chains": c, "seconds": s} for (d, b, c), s in floors.items()
-        ],
-        "kernel": rows,
-        "skipped": skipped,
-        "targets": targets,
-    }
-    stem = "gpu_step_cost_quick" if args.quick else "gpu_step_cost"
-    if smoke:
-        stem += "_cpu_smoke"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.md").write_text(table)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out / (stem + '.md')} and {stem}.json")
-    return result
+
+def rereport(path: Path, out: Path) -> dict:
+    """Report again a run's JSON with the estimates :func:`settle` chooses now (a JSON written before the
+    time stamps came first holds the two-run estimate as ``per_draw_s``)."""
+    result = json.loads(path.read_text())
+    result["reported_again"] = datetime.date.today().isoformat()
+    for row in result["kernel"]:
+        if row.get("method") == "two warm runs" and "per_draw_two_runs_s" not in row:
+            row["per_draw_two_runs_s"] = row["per_draw_s"]
+        settle(row)
+    config = result["config"]
+    if "configs" not in config:  # the order main measures them in: b = 10^5 only with d = 100
+        config["configs"] = [
+            (d, b) for d in config["dims"] for b in config["clients"] if not (b >= 10**5 and d < 100)
+        ]
+    return write(result, out)
 
 
 if __name__ == "__main__":
