@@ -111,9 +111,8 @@ def heterogeneous_gaussian_clients(
     """
     if dim % 2:
         raise ValueError(f"dim must be even (2x2 blocks); got {dim}.")
-    with torch.device(
-        "cpu"
-    ):  # drawn on the host with a seeded CPU generator, then placed like any new tensor
+    # drawn on the host by a seeded CPU generator, then placed like any new tensor
+    with torch.device("cpu"):
         precisions, means = _random_gaussians(num_clients, dim, mean_scale, seed, dtype)
     device = torch.get_default_device()
     return GaussianClients(precisions.to(device), means.to(device))

@@ -100,9 +100,10 @@ def consensus_analysis(
     n = curvatures.shape[0]
     if n > CONSENSUS_AGENTS:
         return ConsensusAnalysis(step, True, math.nan, math.nan, -1)
-    dtype = torch.float64
-    c = curvatures.T.to(dtype).clamp_min(0)  # [d, n]
-    g = gradients.T.to(dtype)
+    # on the host, with the graph: n x n solves of at most CONSENSUS_AGENTS agents, wherever the data are
+    dtype, host = torch.float64, torch.device("cpu")
+    c = curvatures.T.to(host, dtype).clamp_min(0)  # [d, n]
+    g = gradients.T.to(host, dtype)
     # from the model's own mode, where the agents' gradients sum to zero (see above)
     g = g - c * g.sum(1, keepdim=True) / c.sum(1, keepdim=True).clamp_min(1e-300)
     # the coordinates where the agents differ most (identical agents cost nothing), at most
@@ -110,9 +111,9 @@ def consensus_analysis(
     spread = (n * c - 1).square().sum(1) + g.square().sum(1)
     chosen = spread.argsort(descending=True)[:CONSENSUS_COORDINATES]
     c, g = c[chosen], g[chosen, :, None]
-    mixing = consensus_size * laplacian.to(dtype)
-    eye = torch.eye(n, dtype=dtype)
-    ones = torch.ones(n, 1, dtype=dtype)
+    mixing = consensus_size * laplacian.to(host, dtype)
+    eye = torch.eye(n, dtype=dtype, device=host)
+    ones = torch.ones(n, 1, dtype=dtype, device=host)
     alpha, last = step, ConsensusAnalysis(step, False, math.inf, math.inf, -1)
     for _ in range(CONSENSUS_SHRINKS):
         local = alpha * n * torch.diag_embed(c)  # [d, n, n]
@@ -348,7 +349,7 @@ def data_pulls(graph, consensus_size: float, chosen: Adaptation, run: Run) -> to
     preconditioner = chosen.preconditioner.to(gradients)
     scaled = gradients @ preconditioner if preconditioner.dim() == 2 else gradients * preconditioner
     eigenvalues, vectors = torch.linalg.eigh(consensus_size * graph.laplacian.to(torch.float64))
-    inverse = torch.where(eigenvalues > 1e-9 * eigenvalues.max(), 1 / eigenvalues, torch.zeros(()))
+    inverse = torch.where(eigenvalues > 1e-9 * eigenvalues.max(), 1 / eigenvalues, eigenvalues.new_zeros(()))
     spread = (vectors * inverse) @ vectors.T  # (beta L)^+
     held = network.held(network.num_clients)
     return -network.num_clients * (spread[held].to(scaled) @ scaled)

@@ -59,4 +59,4 @@ class InProcessNetwork(Network):
         return agents  # every agent is held here
 
     def neighbour_agents(self, graph) -> torch.Tensor:
-        return torch.arange(graph.num_agents)
+        return torch.arange(graph.num_agents, device="cpu")  # indexes the graph, which lives on the host
