@@ -13,7 +13,17 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_fed
-from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed import (
+    DglmcKernel,
+    DulaKernel,
+    FaldKernel,
+    FsgldKernel,
+    PsgldKernel,
+    QlsdKernel,
+    SgldKernel,
+    SvrgLdKernel,
+    VrFaldKernel,
+)
 
 from .models import logistic_model
 
@@ -131,6 +141,31 @@ def test_dula_at_its_defaults_under_the_default_device(device, graph):
     assert samples.device.type == device and torch.isfinite(samples).all()
     idata = pyro_fed.to_inference_data(mcmc)
     assert idata.posterior["w"].shape == (2, 64, 4)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda clients: QlsdKernel(logistic_model, clients),  # QLSD: compression and partial participation
+        lambda clients: DulaKernel(logistic_model, clients, graph="erdos_renyi"),
+        lambda clients: SgldKernel(logistic_model),
+        lambda clients: PsgldKernel(logistic_model, clients),
+        lambda clients: SvrgLdKernel(logistic_model),
+        lambda clients: FsgldKernel(logistic_model, clients),
+        lambda clients: DglmcKernel(logistic_model, clients),
+    ],
+    ids=["QLSD", "D-ULA erdos_renyi", "SGLD", "pSGLD", "SVRG-LD", "FSGLD", "DG-LMC"],
+)
+def test_the_other_kernels_at_their_defaults_under_the_default_device(device, make):
+    x, y = pyro_fed.datasets.titanic()
+    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    pyro.set_rng_seed(0)
+    kernel = make(clients)
+    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()["w"]
+    assert samples.device.type == device and torch.isfinite(samples).all()
+    assert pyro_fed.to_inference_data(mcmc).posterior["w"].shape == (2, 64, 4)
 
 
 def logistic_model_on_the_data_device(x, y=None):
