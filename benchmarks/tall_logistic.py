@@ -27,8 +27,8 @@ data) and under the federated kernels.
    ``Kernel(model, clients)`` with nothing else, 4 chains of 500 warm-up and 1000 draws, as a user runs it;
    the rows list what the warm-up chose (minibatch, step as :math:`hL`, thinning, refreshes). Not run here:
    SGLD (the law of FALD's average at its defaults, at the same cost) and D-ULA on a ring of 100 agents
-   (their disagreement forced a step 90 times smaller than ULA's there with the former consensus step
-   1/lambda_max, half the default now, with full batches: hours);
+   (their disagreement forces an automatic step 130 times smaller than SGLD's there, 0.0013 against 0.18,
+   with full batches, and the thinning to its cap: hours);
    ``benchmarks/defaults.py`` runs both.
 5. **NumPyro's NUTS** on the pooled data, one CPU thread, 500 warm-up + 2000 draws, JIT compilation
    included (when NumPyro is installed: ``pip install numpyro``; ``--no-numpyro`` skips it).
@@ -361,9 +361,9 @@ def predicted_sd_ratio(setting: dict, num_data: int) -> float:
 #: the kernels at their defaults: ``Kernel(model, clients)``, with the options that name the algorithm
 #: (QLSD++'s control variate). Not here: SGLD on the pooled data (the law of FALD's average at its
 #: defaults, at the same cost per iteration) and D-ULA (on its default ring of 100 agents each agent sits
-#: sqrt(2 alpha n) posterior sds from the average, and the drift that made took a step 90 times smaller
-#: than ULA's with the former consensus step, half today's, with full batches: one run of this protocol would
-#: take hours; see
+#: sqrt(2 alpha n) posterior sds from the average, and its data pull it toward its own posterior: the
+#: automatic step is 130 times smaller than SGLD's, with full batches: one run of this protocol would take
+#: hours; see
 #: ``benchmarks/defaults.py`` for both on smaller models)
 DEFAULT_KERNELS = {
     "FALD": (pyro_fed.FaldKernel, {}),
