@@ -432,19 +432,19 @@ def dula_outcomes(
     consensus_size: float,
     laplacian: torch.Tensor,
     inverse_mass: torch.Tensor | None = None,
+    consensus_rounds: int = 1,
 ) -> tuple[list[Outcome], torch.Tensor]:
     r"""The linear recursion of D-ULA with constant steps and full local batches on Gaussian agents over the
     stacked :math:`(w_1, \dots, w_n)`: :math:`w' = ((I - \beta L) \otimes I) w - \alpha n\, M A_i (w_i -
     \mu_i) + \sqrt{2 \alpha n}\, R z_i` (:mod:`pyro_fed.algorithms.dula`; :math:`M = R R^\top` the inverse
-    mass, ``[d]`` or ``[d, d]``, the identity by default): its single outcome and the read-out matrix of
-    :math:`\bar w`."""
+    mass, ``[d]`` or ``[d, d]``, the identity by default; ``consensus_rounds`` :math:`K` exchanges per step:
+    :math:`(I - \beta L)^K`): its single outcome and the read-out matrix of :math:`\bar w`."""
     n, d, dtype = clients.num_clients, clients.dim, clients.means.dtype
     mass = torch.eye(d, dtype=dtype) if inverse_mass is None else inverse_mass.to(dtype)
     mass = torch.diag(mass) if mass.dim() == 1 else mass
     scaled = step_size * n * mass @ clients.precisions  # [n, d, d]
-    mixing = torch.kron(
-        torch.eye(n, dtype=dtype) - consensus_size * laplacian.to(dtype), torch.eye(d, dtype=dtype)
-    )
+    exchange = torch.eye(n, dtype=dtype) - consensus_size * laplacian.to(dtype)
+    mixing = torch.kron(torch.linalg.matrix_power(exchange, consensus_rounds), torch.eye(d, dtype=dtype))
     transition = mixing - torch.block_diag(*scaled)
     offset = (scaled @ clients.means[..., None]).reshape(-1)
     noise = 2 * step_size * n * torch.kron(torch.eye(n, dtype=dtype), mass)
@@ -458,14 +458,14 @@ def dula_stationary_law(
     consensus_size: float,
     laplacian: torch.Tensor,
     inverse_mass: torch.Tensor | None = None,
+    consensus_rounds: int = 1,
     **solver,
 ) -> StationaryLaw:
     r"""Exact stationary law of D-ULA's reported draw :math:`\bar w` with constant steps and full local
     batches on Gaussian agents (:func:`dula_outcomes`); ``solver`` options go to
     :func:`random_recursion_law`."""
-    return random_recursion_law(
-        *dula_outcomes(clients, step_size, consensus_size, laplacian, inverse_mass), **solver
-    )
+    outcomes = dula_outcomes(clients, step_size, consensus_size, laplacian, inverse_mass, consensus_rounds)
+    return random_recursion_law(*outcomes, **solver)
 
 
 def squared_distance_bias(law: StationaryLaw, target_mean: torch.Tensor, target_cov: torch.Tensor) -> float:

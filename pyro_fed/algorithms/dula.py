@@ -14,7 +14,10 @@ and steps :math:`\alpha_k`, :math:`\beta_k`: constant, or the paper's decaying o
 :math:`\mathbf 1^\top L = 0`, the agents' average takes an exact Langevin step on :math:`U = \sum_i U_i`,
 :math:`\bar w \leftarrow \bar w - \alpha_k \sum_i \nabla U_i(w_i) + \sqrt{2\alpha_k}\, \bar v` with
 :math:`\bar v \sim N(0, I)`, evaluated at the agents' own points; the consensus step keeps them close. The
-draw is :math:`\bar w`.
+draw is :math:`\bar w`. With ``consensus_rounds`` :math:`K > 1` the agents exchange :math:`K` times before
+each step, :math:`(I - \beta_k L)^K` in place of :math:`I - \beta_k L` (:math:`K` times the bits, no more
+gradients; a departure from the paper, whose :math:`K` is 1): the disagreement along the Laplacian's
+eigenvector of eigenvalue :math:`\lambda` is multiplied by :math:`(1 - \beta \lambda)^K` per step.
 
 The agents disagree: each receives its own noise, and with heterogeneous data each is pulled toward its own
 posterior. Their gradients, evaluated at their own points, then sum to something else than
@@ -95,6 +98,7 @@ def step(
     alpha: torch.Tensor,
     beta: torch.Tensor,
     network,
+    rounds: int = 1,
 ) -> DulaState:
     """One D-ULA iteration.
 
@@ -107,13 +111,17 @@ def step(
     :param beta: :math:`\\beta_k`.
     :param network: the :class:`~pyro_fed.network.base.Network` that exchanges the agents' iterates over
         ``graph``.
+    :param int rounds: :math:`K`, the rounds of exchange before the step (:func:`mix` ``K`` times: the
+        agents' iterates are multiplied by :math:`(I - \\beta L)^K`; the paper's is 1).
     """
     w = state.clients
     n = network.num_clients  # all the agents, wherever they are held
-    # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point
-    return DulaState(
-        langevin_step(mix(w, rows, graph, network, beta), n * gradients(w), alpha, math.sqrt(n) * noise)
-    )
+    mixed = w
+    for _ in range(rounds):
+        mixed = mix(mixed, rows, graph, network, beta)
+    # w_mix - alpha n g + sqrt(2 alpha n) v: the Langevin step of size alpha on n g, from the mixed point,
+    # the gradients at the agents' own points
+    return DulaState(langevin_step(mixed, n * gradients(w), alpha, math.sqrt(n) * noise))
 
 
 @dataclass(kw_only=True)
@@ -131,11 +139,13 @@ class Dula(Algorithm):
     :param float step_decay: :math:`\\delta_2` (0: a constant step).
     :param float consensus_decay: :math:`\\delta_1` (0: a constant consensus step).
     :param float step_offset: :math:`k_0`.
+    :param int consensus_rounds: :math:`K`, rounds of neighbour exchange per iteration (1: the paper's).
     :param bool record_agents: record every agent's iterate per draw (statistic ``"agents"``).
     """
 
     graph: object = "ring"
     consensus_size: float | None = None
+    consensus_rounds: int = 1
     schedule: str = "constant"
     step_decay: float = 0.0
     consensus_decay: float = 0.0
@@ -215,7 +225,17 @@ class Dula(Algorithm):
             consensus_decay=self.consensus_decay,
             step_offset=self.step_offset,
         )
-        return step(state, gradients, noise, self.graph, self.laplacian_rows, alpha, beta, self.network)
+        return step(
+            state,
+            gradients,
+            noise,
+            self.graph,
+            self.laplacian_rows,
+            alpha,
+            beta,
+            self.network,
+            self.consensus_rounds,
+        )
 
     def points(self, state):
         return state.clients
@@ -234,7 +254,7 @@ class Dula(Algorithm):
         return stats
 
     def traffic(self, coins):
-        # d floats along every directed edge, counted as uploaded and as downloaded; every iteration is a
-        # round, unless the graph has no edges (one agent)
-        bits = np.ones_like(coins["iteration"]) * self.graph.exchange_bits(self.dim)
+        # d floats along every directed edge per exchange, counted as uploaded and as downloaded; every
+        # iteration is a round, unless the graph has no edges (one agent)
+        bits = np.ones_like(coins["iteration"]) * (self.consensus_rounds * self.graph.exchange_bits(self.dim))
         return bits, bits, bits > 0

@@ -62,6 +62,7 @@ def consensus_analysis(
     *,
     variance_target: float,
     mean_target: float,
+    exchanges: int = 1,
 ) -> ConsensusAnalysis:
     r"""The largest constant step :math:`\alpha \le` ``step`` (on the grid ``step`` :math:`\cdot\,
     0.8^j`, ``CONSENSUS_SHRINKS`` shrinks at most) at which, in every coordinate of a diagonal quadratic
@@ -96,6 +97,7 @@ def consensus_analysis(
     :param gradients: :math:`g`, ``[n, d]``.
     :param laplacian: :math:`L`, ``[n, n]``.
     :param consensus_size: :math:`\beta`.
+    :param exchanges: :math:`K`, the exchanges per step: :math:`\beta L` becomes :math:`I - (I - \beta L)^K`.
     """
     n = curvatures.shape[0]
     if n > CONSENSUS_AGENTS:
@@ -111,8 +113,10 @@ def consensus_analysis(
     spread = (n * c - 1).square().sum(1) + g.square().sum(1)
     chosen = spread.argsort(descending=True)[:CONSENSUS_COORDINATES]
     c, g = c[chosen], g[chosen, :, None]
-    mixing = consensus_size * laplacian.to(host, dtype)
     eye = torch.eye(n, dtype=dtype, device=host)
+    mixing = consensus_size * laplacian.to(host, dtype)
+    if exchanges > 1:  # what K exchanges contract: I - (I - beta L)^K
+        mixing = eye - torch.linalg.matrix_power(eye - mixing, exchanges)
     ones = torch.ones(n, 1, dtype=dtype, device=host)
     alpha, last = step, ConsensusAnalysis(step, False, math.inf, math.inf, -1)
     for _ in range(CONSENSUS_SHRINKS):
@@ -148,6 +152,7 @@ def disagreement(
     dim: int,
     num_draws: int,
     generator: torch.Generator,
+    exchanges: int = 1,
 ) -> torch.Tensor:
     r"""``num_draws`` draws ``[R, n, d]`` of the agents' stationary disagreement :math:`e_i = w_i - \bar w`
     driven by their own noises, in the preconditioned coordinates where the posterior's scales are 1.
@@ -158,11 +163,13 @@ def disagreement(
     Gaussian of variance :math:`2 \alpha n / (1 - \rho_k^2)`, :math:`\rho_k = 1 - \beta\lambda_k - \alpha`,
     and :math:`e = \sum_{k \ge 2} u_k \xi_k`. Each agent is about :math:`\sqrt{2 \alpha n}` posterior sds from
     the average even on a complete graph: its noise is the one the average needs, times :math:`\sqrt n`.
+    With ``exchanges`` :math:`K` per step, :math:`1 - \beta \lambda_k` becomes :math:`(1 - \beta
+    \lambda_k)^K`.
 
     :param graph: a :class:`~pyro_fed.network.graphs.Graph`: its Laplacian's eigenbasis, computed once.
     """
     eigenvalues, vectors = graph.eigenbasis
-    rho = 1.0 - consensus_size * eigenvalues[1:] - step
+    rho = (1.0 - consensus_size * eigenvalues[1:]) ** exchanges - step
     variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
     modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64, device="cpu")
     return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
@@ -196,8 +203,11 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
         consensus_size,
         variance_target=adaptation.VARIANCE_TARGET,
         mean_target=CONSENSUS_MEAN_TARGET,
+        exchanges=settings.consensus_rounds,
     )
-    step, rounds, drift = within_disagreement(graph, consensus_size, chosen, consensus.step, run)
+    step, rounds, drift = within_disagreement(
+        graph, consensus_size, chosen, consensus.step, run, settings.consensus_rounds
+    )
     thinning = chosen.thinning
     if run.thinning is None:
         thinning = adaptation.thinning_for(step, chosen.slowest)
@@ -272,13 +282,14 @@ def step_problem(
     what = "the graph and the split leave no usable step" if unmet else "the chains will barely move"
     return (
         f'{sentence}. So {what}: a better-connected graph ("complete" mixes in one exchange), clients '
-        "whose data are alike, or a step_size of your own (at the cost of the bias these targets bound)"
+        "whose data are alike, more consensus_rounds (exchanges per step, at as many times the bits), or a "
+        "step_size of your own (at the cost of the bias these targets bound)"
         + ("" if unmet else ", or more num_samples")
     )
 
 
 def within_disagreement(
-    graph, consensus_size: float, chosen: Adaptation, step: float, run: Run
+    graph, consensus_size: float, chosen: Adaptation, step: float, run: Run, exchanges: int = 1
 ) -> tuple[float, int, tuple[bool, float, bool]]:
     r"""The step, shrunk until the agents' gradients at their own, disagreeing points drift the average
     by at most ``CONSENSUS_MEAN_TARGET`` posterior sds, the rounds of uploads it cost, and whether the
@@ -299,12 +310,14 @@ def within_disagreement(
     larger); they act together, and are measured so. The step is halved until the drift is within the
     target, then bisected (geometrically) twice between the last step that missed it and the first that met
     it: the drift grows with the step (the data's offsets in proportion, the noise's until the graph's slow
-    modes saturate)."""
-    pulls = data_pulls(graph, consensus_size, chosen, run)
+    modes saturate). ``exchanges``: the rounds of exchange per step (``consensus_rounds``)."""
+    pulls = data_pulls(graph, consensus_size, chosen, run, exchanges)
     missed, met, rounds, drifts = None, None, 1, {}  # a round for the gradients of the data's pulls
     for _ in range(DISAGREEMENT_CHECKS):
         rounds += 1  # the agents upload their gradients at all the draws together
-        drifts[step] = disagreement_drift(graph, consensus_size, chosen, step, run, pulls=pulls)
+        drifts[step] = disagreement_drift(
+            graph, consensus_size, chosen, step, run, pulls=pulls, exchanges=exchanges
+        )
         if drifts[step] <= CONSENSUS_MEAN_TARGET:
             met = step
             if missed is None:  # the largest step tried: nothing to refine
@@ -332,7 +345,9 @@ def drift_points(chosen: Adaptation) -> torch.Tensor:
     return torch.cat([points, 2 * chosen.mode - points])
 
 
-def data_pulls(graph, consensus_size: float, chosen: Adaptation, run: Run) -> torch.Tensor:
+def data_pulls(
+    graph, consensus_size: float, chosen: Adaptation, run: Run, exchanges: int = 1
+) -> torch.Tensor:
     r"""The held agents' offsets from their average that their data cause, per unit of step, at each point
     :math:`x` of :func:`drift_points` (``[2P, b_h, d]``, in the model's coordinates).
 
@@ -341,16 +356,20 @@ def data_pulls(graph, consensus_size: float, chosen: Adaptation, run: Run) -> to
     coordinate (:math:`M` the preconditioner): :math:`o = -\alpha n\, (\beta L)^+ M g`, the pseudo-inverse
     acting on the agents' axis (it removes their mean). The local steps' own pull back, :math:`\alpha n\, M
     \nabla^2 U_i`, is left out: on the graphs where the offsets matter it is much smaller than :math:`\beta`
-    times the Laplacian's spectral gap, and without it the offsets are, if anything, too large. Every process
-    reads all the agents' gradients (one gather) and keeps its own agents' offsets."""
+    times the Laplacian's spectral gap, and without it the offsets are, if anything, too large. With
+    ``exchanges`` :math:`K` per step, :math:`\beta L` becomes :math:`I - (I - \beta L)^K` (the same
+    eigenvectors). Every process reads all the agents' gradients (one gather) and keeps its own agents'
+    offsets."""
     pot, network, points = run.potential, run.network, drift_points(chosen)
     gradients = network.gather(pot.full_client_grads(points[:, None, :].expand(-1, pot.num_clients, -1)))
     network.record_averages(1, shared=True)
     preconditioner = chosen.preconditioner.to(gradients)
     scaled = gradients @ preconditioner if preconditioner.dim() == 2 else gradients * preconditioner
     eigenvalues, vectors = torch.linalg.eigh(consensus_size * graph.laplacian.to(torch.float64))
+    if exchanges > 1:  # what K exchanges contract
+        eigenvalues = 1 - (1 - eigenvalues) ** exchanges
     inverse = torch.where(eigenvalues > 1e-9 * eigenvalues.max(), 1 / eigenvalues, eigenvalues.new_zeros(()))
-    spread = (vectors * inverse) @ vectors.T  # (beta L)^+
+    spread = (vectors * inverse) @ vectors.T  # (beta L)^+, or (I - (I - beta L)^K)^+
     held = network.held(network.num_clients)
     return -network.num_clients * (spread[held].to(scaled) @ scaled)
 
@@ -363,16 +382,17 @@ def disagreement_drift(
     run: Run,
     *,
     pulls: torch.Tensor | None = None,
+    exchanges: int = 1,
 ) -> float:
     """The largest drift of the average, in posterior sds, from the agents' disagreement at ``step`` on
-    ``graph`` with the consensus step ``consensus_size`` (see :func:`within_disagreement`); ``pulls``:
-    :func:`data_pulls` (computed here if not given)."""
+    ``graph`` with the consensus step ``consensus_size`` and ``exchanges`` per step (see
+    :func:`within_disagreement`); ``pulls``: :func:`data_pulls` (computed here if not given)."""
     pot, network = run.potential, run.network
     if pulls is None:
-        pulls = data_pulls(graph, consensus_size, chosen, run)
+        pulls = data_pulls(graph, consensus_size, chosen, run, exchanges)
     root, points = adaptation.square_root(chosen.preconditioner), drift_points(chosen)
     generator = torch.Generator().manual_seed(0)  # the same draws for every step tried: a smooth search
-    draws = disagreement(graph, consensus_size, step, pot.dim, DISAGREEMENT_PAIRS, generator)
+    draws = disagreement(graph, consensus_size, step, pot.dim, DISAGREEMENT_PAIRS, generator, exchanges)
     # the disagreement of all the agents (drawn alike wherever they are held), of which each process
     # evaluates its own agents' gradients: the sum over all of them is the same for any split
     offsets = adaptation.whiten(root, draws[:, network.held(network.num_clients)].to(points))

@@ -133,8 +133,8 @@ def run_qlsd(network, held, num_clients, iterations=ITERATIONS, preparing=eager)
     return qlsd.position(state, network), state.memory
 
 
-def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, preparing=eager):
-    """D-ULA over ``graph``: ``(position, agents)``."""
+def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, preparing=eager, rounds=1):
+    """D-ULA over ``graph``, ``rounds`` exchanges per step: ``(position, agents)``."""
     curvatures, centres = problem(num_clients)
     r = draws(num_clients)
     network.attach(num_clients, DIM, CHAINS)
@@ -144,7 +144,7 @@ def run_dula(network, held, num_clients, graph, iterations=ITERATIONS, preparing
     rows = dula.laplacian_rows(network, graph)
 
     def iteration(agents, noise):
-        return dula.step(dula.DulaState(agents), grads, noise, graph, rows, alpha, beta, network)[0]
+        return dula.step(dula.DulaState(agents), grads, noise, graph, rows, alpha, beta, network, rounds)[0]
 
     agents = dula.init(r["start"], held.stop - held.start).clients
     run = preparing(iteration, (agents, r["noise"][0][:, held]))
@@ -233,6 +233,7 @@ def two_ranks(rank, world_size, network):
         "qlsd": run_qlsd(network, held, CLIENTS),
         "dula_ring": run_dula(network, held, CLIENTS, ring),
         "dula_random": run_dula(network, held, CLIENTS, make_graph("erdos_renyi", CLIENTS, seed=1)),
+        "dula_ring_rounds": run_dula(network, held, CLIENTS, ring, rounds=3),
         "ring_bytes": sent_by_one_exchange(network, held, ring),
         "fald_traced": (
             run_fald(network, held, CLIENTS, TRACED, traced),
@@ -343,11 +344,12 @@ def one_process(name, num_clients=CLIENTS, iterations=ITERATIONS):
     if name == "qlsd":
         return run_qlsd(network, everyone, num_clients, iterations)
     graph = (
-        make_graph("ring", num_clients)
-        if name == "dula_ring"
-        else make_graph("erdos_renyi", num_clients, seed=1)
+        make_graph("erdos_renyi", num_clients, seed=1)
+        if name == "dula_random"
+        else make_graph("ring", num_clients)
     )
-    return run_dula(network, everyone, num_clients, graph, iterations)
+    rounds = 3 if name == "dula_ring_rounds" else 1
+    return run_dula(network, everyone, num_clients, graph, iterations, rounds=rounds)
 
 
 def check_run(results, expected, num_clients):
@@ -360,7 +362,7 @@ def check_run(results, expected, num_clients):
         assert torch.equal(got_position, results[0][0])  # the draws: the same bits on every rank
 
 
-@pytest.mark.parametrize("name", ["fald", "qlsd", "dula_ring", "dula_random"])
+@pytest.mark.parametrize("name", ["fald", "qlsd", "dula_ring", "dula_random", "dula_ring_rounds"])
 def test_iterations_give_the_one_process_draws(ranks, name):
     check_run([r[name] for r in ranks], one_process(name), CLIENTS)
 
