@@ -158,11 +158,12 @@ class FederatedKernel(MCMCKernel):
         (:func:`~pyro_fed.model.sites.sampling_free`): nothing samples the prior.
     :param str gradient_mode: how an iteration runs: ``"auto"`` (default: traced once per shape, and
         compiled as soon as the rest of the run, at the pace of its fastest chunk so far, is projected to take
-        more than ``AUTO_COMPILE_SECONDS`` traced), ``"compiled"`` (traced and compiled by TorchInductor from
-        the start: about a second of compilation, tens of seconds the first time on a machine, then the
-        fastest), ``"traced"`` (traced only) or ``"eager"`` (the Pyro model at every iteration: the
-        reference). A model that cannot be traced or compiled falls back with a warning saying why. The draws
-        are the same in every mode up to rounding.
+        more than 20 s traced, 8 s once the process has compiled before:
+        :func:`~pyro_fed.kernels.chunks.auto_compile_seconds`), ``"compiled"`` (traced and compiled by
+        TorchInductor from the start: about a second of compilation, tens of seconds the first time on a
+        machine, then the fastest), ``"traced"`` (traced only) or ``"eager"`` (the Pyro model at every
+        iteration: the reference). A model that cannot be traced or compiled falls back with a warning saying
+        why. The draws are the same in every mode up to rounding.
     :param int thinning: iterations per draw: each :meth:`sample` returns the iterate after ``thinning``
         more iterations, so ``num_samples`` draws cover ``thinning * num_samples`` iterations and memory
         holds only the draws. Default ``None``: with an automatic step, half the autocorrelation time of the

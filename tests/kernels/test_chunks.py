@@ -223,3 +223,26 @@ def test_one_stalled_chunk_does_not_make_a_run_compile(monkeypatch):
     run_quietly(kernel, 400)
     assert len(calls) > 3  # the stalled chunk ran, and others after it
     assert kernel.engine().mode == "auto"
+
+
+def test_after_a_first_compilation_the_threshold_to_compile_drops(monkeypatch):
+    # a process's first TorchInductor compilation also loads and warms TorchInductor (13 s on a posteriordb
+    # regression here), a later one of another function costs 4 to 5 s: gradient_mode="auto" then compiles
+    # from AUTO_COMPILE_SECONDS_AFTER_FIRST seconds of traced iterations ahead, never from more than before
+    from pyro_fed.engine import compile as compile_module
+    from pyro_fed.kernels import chunks
+
+    monkeypatch.setattr(compile_module, "_compilations", 0)
+    assert chunks.auto_compile_seconds() == chunks.AUTO_COMPILE_SECONDS == 20.0
+    monkeypatch.setattr(compile_module, "_compilations", 1)
+    assert chunks.auto_compile_seconds() == chunks.AUTO_COMPILE_SECONDS_AFTER_FIRST == 8.0
+    monkeypatch.setattr(chunks, "AUTO_COMPILE_SECONDS", 2.0)  # a threshold set lower stays lower
+    assert chunks.auto_compile_seconds() == 2.0
+    # a run decides with it: no threshold before a compilation, a zero one after
+    monkeypatch.setattr(chunks, "AUTO_COMPILE_SECONDS", float("inf"))
+    monkeypatch.setattr(chunks, "AUTO_COMPILE_SECONDS_AFTER_FIRST", 0.0)
+    for compilations, mode in ((0, "auto"), (1, "compiled")):
+        monkeypatch.setattr(compile_module, "_compilations", compilations)
+        kernel = FaldKernel(MODEL, CLIENTS, step_size=0.01, batch_size=5, thinning=1, chunk_size=16)
+        run_quietly(kernel, 64)
+        assert kernel.engine().mode == mode
