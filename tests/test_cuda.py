@@ -13,17 +13,7 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_fed
-from pyro_fed import (
-    DglmcKernel,
-    DulaKernel,
-    FaldKernel,
-    FsgldKernel,
-    PsgldKernel,
-    QlsdKernel,
-    SgldKernel,
-    SvrgLdKernel,
-    VrFaldKernel,
-)
+from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
 
 from .models import logistic_model
 
@@ -148,11 +138,11 @@ def test_dula_at_its_defaults_under_the_default_device(device, graph):
     [
         lambda clients: QlsdKernel(logistic_model, clients),  # QLSD: compression and partial participation
         lambda clients: DulaKernel(logistic_model, clients, graph="erdos_renyi"),
-        lambda clients: SgldKernel(logistic_model),
-        lambda clients: PsgldKernel(logistic_model, clients),
-        lambda clients: SvrgLdKernel(logistic_model),
-        lambda clients: FsgldKernel(logistic_model, clients),
-        lambda clients: DglmcKernel(logistic_model, clients),
+        lambda clients: pyro_fed.SgldKernel(logistic_model),
+        lambda clients: pyro_fed.PsgldKernel(logistic_model, clients),
+        lambda clients: pyro_fed.SvrgLdKernel(logistic_model),
+        lambda clients: pyro_fed.FsgldKernel(logistic_model, clients),
+        lambda clients: pyro_fed.DglmcKernel(logistic_model, clients),
     ],
     ids=["QLSD", "D-ULA erdos_renyi", "SGLD", "pSGLD", "SVRG-LD", "FSGLD", "DG-LMC"],
 )
