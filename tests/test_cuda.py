@@ -33,6 +33,23 @@ def device(request):
             yield "cpu"
 
 
+def titanic_split():
+    """Titanic and 10 Dirichlet(0.5) clients, made on the default device (the clients on the host)."""
+    x, y = pyro_fed.datasets.titanic()
+    return x, y, pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+
+
+def sample_on(device: str, kernel, x, y, *, warmup_steps=32, posterior_predictive=False) -> MCMC:
+    """Two chains of 64 draws of ``kernel``: finite draws on ``device``, and ArviZ's posterior of them."""
+    mcmc = MCMC(kernel, num_samples=64, warmup_steps=warmup_steps, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()["w"]
+    assert samples.device.type == device and torch.isfinite(samples).all()
+    idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=posterior_predictive)
+    assert idata.posterior["w"].shape == (2, 64, 4)
+    return mcmc
+
+
 def draws(kernel_class, mode, **options):
     generator = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(200, 5, generator=generator, device="cuda")
@@ -49,6 +66,7 @@ def draws(kernel_class, mode, **options):
 
 
 @needs_cuda
+@pytest.mark.parametrize("device", ["cuda"], indirect=True)
 @pytest.mark.parametrize(
     "kernel_class, options",
     [
@@ -57,15 +75,7 @@ def draws(kernel_class, mode, **options):
         (VrFaldKernel, {"batch_size": 8, "refresh_prob": 0.05}),
     ],
 )
-def test_cuda_graph_chunks_give_the_eager_draws(kernel_class, options):
-    torch.set_default_device("cuda")
-    try:
-        check_cuda_graph_chunks(kernel_class, options)
-    finally:
-        torch.set_default_device("cpu")
-
-
-def check_cuda_graph_chunks(kernel_class, options):
+def test_cuda_graph_chunks_give_the_eager_draws(device, kernel_class, options):
     eager, _ = draws(kernel_class, "eager", **options)
     compiled, kernel = draws(kernel_class, "compiled", **options)
     # FALD runs whole chunks of 64 iterations: they must have been captured and replayed as CUDA graphs
@@ -80,25 +90,18 @@ def check_cuda_graph_chunks(kernel_class, options):
 def test_defaults_and_the_readme_setting_under_the_default_device(device, kernel_class):
     # torch.set_default_device("cuda") is how a Pyro user moves a model to the GPU: the data sets, the
     # partitions (host generators), the warm-up adaptation, coins and minibatches must all follow it
-    x, y = pyro_fed.datasets.titanic()
-    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    x, y, clients = titanic_split()
     pyro.set_rng_seed(0)
     for kernel in (
         kernel_class(logistic_model),
         kernel_class(logistic_model, clients, comm_prob=0.2, batch_size=32),
     ):
-        mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
-        mcmc.run(x, y)
-        samples = mcmc.get_samples()["w"]
-        assert samples.device.type == device and torch.isfinite(samples).all()
+        sample_on(device, kernel, x, y, posterior_predictive=True)
         assert kernel.adaptation.preconditioner.device.type == device
-        idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
-        assert idata.posterior["w"].shape == (2, 64, 4)
 
 
 def test_qlsd_plus_plus_under_the_default_device(device):
-    x, y = pyro_fed.datasets.titanic()
-    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    x, y, clients = titanic_split()
     pyro.set_rng_seed(0)
     kernel = QlsdKernel(
         logistic_model,
@@ -110,10 +113,7 @@ def test_qlsd_plus_plus_under_the_default_device(device):
         batch_size=0.1,
         prior_on_server=True,
     )
-    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
-    mcmc.run(x, y)
-    samples = mcmc.get_samples()["w"]
-    assert samples.device.type == device and torch.isfinite(samples).all()
+    sample_on(device, kernel, x, y)
     assert kernel.diagnostics()["uploaded bits"] > 0
 
 
@@ -121,16 +121,9 @@ def test_qlsd_plus_plus_under_the_default_device(device):
 def test_dula_at_its_defaults_under_the_default_device(device, graph):
     # D-ULA's automatic step reads the graph's spectrum and its agents' data pulls: both must follow the
     # default device, as must the gossip of every step
-    x, y = pyro_fed.datasets.titanic()
-    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    x, y, clients = titanic_split()
     pyro.set_rng_seed(0)
-    kernel = DulaKernel(logistic_model, clients, graph=graph, record_agents=True)
-    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
-    mcmc.run(x, y)
-    samples = mcmc.get_samples()["w"]
-    assert samples.device.type == device and torch.isfinite(samples).all()
-    idata = pyro_fed.to_inference_data(mcmc)
-    assert idata.posterior["w"].shape == (2, 64, 4)
+    sample_on(device, DulaKernel(logistic_model, clients, graph=graph, record_agents=True), x, y)
 
 
 @pytest.mark.parametrize(
@@ -147,15 +140,9 @@ def test_dula_at_its_defaults_under_the_default_device(device, graph):
     ids=["QLSD", "D-ULA erdos_renyi", "SGLD", "pSGLD", "SVRG-LD", "FSGLD", "DG-LMC"],
 )
 def test_the_other_kernels_at_their_defaults_under_the_default_device(device, make):
-    x, y = pyro_fed.datasets.titanic()
-    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    x, y, clients = titanic_split()
     pyro.set_rng_seed(0)
-    kernel = make(clients)
-    mcmc = MCMC(kernel, num_samples=64, warmup_steps=32, num_chains=2, disable_progbar=True)
-    mcmc.run(x, y)
-    samples = mcmc.get_samples()["w"]
-    assert samples.device.type == device and torch.isfinite(samples).all()
-    assert pyro_fed.to_inference_data(mcmc).posterior["w"].shape == (2, 64, 4)
+    sample_on(device, make(clients), x, y)
 
 
 def logistic_model_on_the_data_device(x, y=None):
@@ -177,14 +164,8 @@ def test_every_kernel_at_its_defaults_with_the_data_moved_to_the_gpu(kernel_clas
     # the other way a user moves a model to the GPU: the data alone (x.cuda()), the default device left on
     # the CPU; the warm-up's host-side draws (typical points, the Lanczos start, the pilot's noise) and its
     # windowed re-adaptation from the chains' draws must follow the data, not the default device
-    x, y = pyro_fed.datasets.titanic()
-    clients = pyro_fed.partition.dirichlet(y, num_clients=10, alpha=0.5, seed=0)
+    x, y, clients = titanic_split()
     pyro.set_rng_seed(0)
     kernel = kernel_class(logistic_model_on_the_data_device, clients, **options)
     # a warm-up long enough for the windowed re-adaptation (a fraction of it, at least MIN_WINDOW_DRAWS)
-    mcmc = MCMC(kernel, num_samples=64, warmup_steps=200, num_chains=2, disable_progbar=True)
-    mcmc.run(x.cuda(), y.cuda())
-    samples = mcmc.get_samples()["w"]
-    assert samples.is_cuda and torch.isfinite(samples).all()
-    idata = pyro_fed.to_inference_data(mcmc, posterior_predictive=True)
-    assert idata.posterior["w"].shape == (2, 64, 4)
+    sample_on("cuda", kernel, x.cuda(), y.cuda(), warmup_steps=200, posterior_predictive=True)
