@@ -669,19 +669,11 @@ def report(result: dict) -> str:
 
 
 def rereport(path: Path, out: Path) -> dict:
-    """Report again a run's JSON with the estimates :func:`settle` chooses now (a JSON written before the
-    time stamps came first holds the two-run estimate as ``per_draw_s``)."""
+    """Report again a run's JSON (as :func:`main` writes it) with the estimates :func:`settle` chooses now."""
     result = json.loads(path.read_text())
     result["reported_again"] = datetime.date.today().isoformat()
     for row in result["kernel"]:
-        if row.get("method") == "two warm runs" and "per_draw_two_runs_s" not in row:
-            row["per_draw_two_runs_s"] = row["per_draw_s"]
         settle(row)
-    config = result["config"]
-    if "configs" not in config:  # the order main measures them in: b = 10^5 only with d = 100
-        config["configs"] = [
-            (d, b) for d in config["dims"] for b in config["clients"] if not (b >= 10**5 and d < 100)
-        ]
     return write(result, out)
 
 
