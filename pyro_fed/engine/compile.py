@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from copy import deepcopy
 
 import torch
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 MODES = ("auto", "compiled", "traced", "eager")
@@ -216,8 +218,7 @@ def prepare(
     versions = {"eager": function}
     try:
         if mode in ("traced", "compiled"):
-            # through a plain function: make_fx counts a bound method's ``self`` as an input
-            prepared = simplified(make_fx(lambda *args: function(*args))(*example_args))
+            prepared = simplified(traced(function, example_args))
             used = "traced"
             versions[used] = prepared
         if mode == "compiled":
@@ -250,6 +251,18 @@ def prepare(
         prepared = prepared if used == "compiled" else versions[used]
     fast = interpreted(prepared, example_args) if used == "traced" else None
     return Prepared(prepared, used, time.perf_counter() - start, fast)
+
+
+def traced(function: Callable, example_args: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """The graph of tensor operations ``function`` performs on ``example_args``
+    (:func:`~torch.fx.experimental.proxy_tensor.make_fx`), each node's metadata (the shape and dtype of its
+    value) made by one fake-tensor mode for the whole trace: left to itself, ``make_fx`` makes a new mode
+    for every operation, each recording the Python stack, which is a third of a model's tracing time; the
+    graph's metadata is then also consistent, as TorchInductor's C++ wrapper requires."""
+    # through a plain function: make_fx counts a bound method's ``self`` as an input
+    trace = make_fx(lambda *args: function(*args))
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        return trace(*example_args)
 
 
 def interpreted(module: torch.fx.GraphModule, example_args: Sequence[torch.Tensor]) -> Callable | None:

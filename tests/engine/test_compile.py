@@ -37,6 +37,20 @@ def test_a_simplified_graph_computes_the_same_bits_with_fewer_operations():
         assert torch.equal(simplified(y), wasteful(y)) and torch.equal(simplified(y), traced(y))
 
 
+def test_a_trace_describes_its_values_with_one_fake_tensor_mode_and_computes_the_same_bits():
+    # make_fx alone makes a fake-tensor mode per operation (each recording the Python stack, a third of the
+    # tracing time); traced() makes one for the whole trace, which TorchInductor's C++ wrapper also needs
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    graph = prepare_module.traced(wasteful, (x,))
+
+    def modes(module):
+        values = (n.meta.get("val") for n in module.graph.nodes)
+        return {id(v.fake_mode) for v in values if isinstance(v, torch.Tensor)}
+
+    assert len(modes(graph)) == 1 and len(modes(make_fx(wasteful)(x))) > 1
+    assert torch.equal(graph(x), wasteful(x))
+
+
 def test_random_draws_and_constants_written_in_place_are_not_folded():
     def noisy(x):
         return x + torch.randn(3)  # a draw of constants alone: it must stay a draw
