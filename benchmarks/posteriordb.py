@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import math
 import platform
@@ -121,7 +122,9 @@ def load(name: str, dtype: torch.dtype = torch.float32) -> tuple[Posterior, tupl
     """The posterior ``name``: its registry entry, the model's arguments in ``dtype`` and the reference
     summary (``{stan parameter: {"mean", "sd", "ess_bulk", ...}}``), from the shipped files."""
     posterior = POSTERIORS[name]
-    data = json.loads((SHIPPED / "data" / f"{posterior.data_name}.json").read_text())
+    path = SHIPPED / "data" / f"{posterior.data_name}.json"
+    text = path.read_bytes() if path.exists() else gzip.decompress(path.with_suffix(".json.gz").read_bytes())
+    data = json.loads(text)
     reference = json.loads((SHIPPED / "reference" / f"{name}.json").read_text())["parameters"]
     return posterior, posterior.tensors(data, dtype), reference
 

@@ -135,6 +135,21 @@ def blr(x: torch.Tensor, y: torch.Tensor) -> None:
         pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
 
 
+def diamonds(x: torch.Tensor, y: torch.Tensor) -> None:
+    """brms's linear regression on centred predictors: ``y ~ normal(Intercept + Xc * b, sigma)``, ``b ~
+    normal(0, 1)``, ``Intercept ~ student_t(3, 8, 10)``, ``sigma ~ student_t(3, 0, 10)`` on ``<lower=0>``
+    (a folded Student t: the truncation's constant aside, the same density). ``x`` is ``Xc``, the design
+    without its intercept column, each column less its mean (transformed data). Its 24 predictors are
+    polynomial and contrast columns of a few variables: the posterior of ``b`` is strongly correlated
+    (posteriordb's reference took NUTS to its largest trees)."""
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    intercept = pyro.sample("Intercept", dist.StudentT(3.0, 8.0, 10.0))
+    sigma = pyro.sample("sigma", dist.FoldedDistribution(dist.StudentT(3.0, 0.0, 10.0)))
+    with pyro.plate("data", x.shape[0]):
+        mu = intercept + pyro.subsample(x, event_dim=1) @ b
+        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+
+
 # -------------------------------------------------------------------------------- transformed data
 def _columns(*columns) -> np.ndarray:
     """A design matrix: an intercept column, then ``columns`` (Stan's ``beta[1] + beta[2] * c1 + ...``)."""
@@ -249,6 +264,12 @@ class Posterior:
     def tensors(self, data: dict, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
         """The model's arguments from the raw data, in ``dtype``."""
         return tuple(torch.as_tensor(a, dtype=dtype) for a in self.prepare(data))
+
+
+def _prepare_diamonds(data: dict) -> tuple[np.ndarray, ...]:
+    """``(Xc, Y)``: the design's columns but the first (the intercept), each less its mean."""
+    x = np.asarray(data["X"], dtype=np.float64)[:, 1:]
+    return x - x.mean(0), np.asarray(data["Y"], dtype=np.float64)
 
 
 def _log(field):
@@ -369,6 +390,7 @@ _ENTRIES = [
         eight_schools_theta,
     ),
     Posterior("sblri", "blr", ("X", "y"), _prepare_blr, blr),
+    Posterior("diamonds", "diamonds", ("X", "Y"), _prepare_diamonds, diamonds),
 ]
 
 #: every posterior of the benchmark, by posteriordb name
