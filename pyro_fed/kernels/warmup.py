@@ -31,6 +31,10 @@ PILOT_COMPILE_ITERATIONS = 5000
 #: searches for the mode again, in the Laplace approximation's coordinates, when the Hessian shows that the
 #: first one stopped short (each costs the Hessian again)
 MODE_REFINEMENTS = 2
+#: the slope of the potential (nats per unconstrained unit) along a coordinate without curvature at which a
+#: mode search's end is taken for a run-away (:func:`_check_mode_exists`): a funnel of ``G`` effects has
+#: ``G - 1`` along its log scale
+RUNAWAY_GRADIENT = 1.0
 
 
 class Sampler(NamedTuple):
@@ -144,7 +148,7 @@ def _mode_and_preconditioner(pot, start: torch.Tensor, given, form: str):
     rounds = search.evaluations
     for refinement in range(MODE_REFINEMENTS + 1):
         inverse_mass, curvature, clients, condition, slowest, laplace, hessian_rounds = _preconditioner(
-            pot, search.point, given, form
+            pot, search, given, form, start
         )
         rounds += hessian_rounds
         decrement = newton_decrement(search.gradient, laplace)
@@ -163,6 +167,46 @@ def _mode_and_preconditioner(pot, start: torch.Tensor, given, form: str):
             stacklevel=5,
         )
     return search.point, inverse_mass, curvature, clients, condition, slowest, decrement, rounds
+
+
+def _check_mode_exists(pot, start: torch.Tensor, search: ModeSearch, curvature: torch.Tensor) -> None:
+    r"""Refuse the end of a mode search from which the potential still falls without bound: where its
+    curvature (the Hessian diagonal ``curvature``) is infinite, or along a coordinate whose curvature is
+    below ``CURVATURE_FLOOR`` of the largest (flat, to the preconditioner) while the potential falls by at
+    least ``RUNAWAY_GRADIENT`` per unit of it (a flat direction of a proper mode has no slope). That is a
+    posterior with no mode, typically Neal's funnel of a hierarchical model written centred: with the
+    effects ``a ~ Normal(mu, tau)`` all at ``mu``, :math:`U` falls as :math:`(G - 1) \log \tau` for ``G``
+    effects, a slope of ``G - 1`` along :math:`\log\tau` with no curvature, and the search follows it
+    until the curvature of the effects overflows. Left alone, the dense preconditioner's eigendecomposition
+    failed there (infinite entries), or the chains started at :math:`\tau = e^{-18}` and never moved."""
+    magnitude = curvature.abs()
+    finite = magnitude[magnitude.isfinite()]
+    floor = adaptation.CURVATURE_FLOOR * float(finite.max()) if len(finite) else 0.0
+    slope = search.gradient.abs().to(magnitude.device)
+    runaway = ~magnitude.isfinite() | ((magnitude <= floor) & (slope >= RUNAWAY_GRADIENT))
+    if bool(runaway.any()):
+        raise _no_mode(pot, start, search.point, runaway)
+
+
+def _no_mode(pot, start: torch.Tensor, point: torch.Tensor, runaway: torch.Tensor) -> ValueError:
+    """The error of a mode search that ran off (:func:`_check_mode_exists`), named with the coordinates that
+    ran farthest from the start and those where the potential has no curvature to stop it."""
+    names = pot.space.coordinate_names
+    moved = (point - start).abs().cpu()
+    farthest = [int(j) for j in moved.argsort(descending=True)[:3] if moved[j] > 1]
+    ran = ", ".join(f"{names[j]} {float(start[j]):.3g} -> {float(point[j]):.3g}" for j in farthest)
+    where = [names[j] for j in runaway.nonzero().flatten().tolist()]
+    return ValueError(
+        "pyro_fed's warm-up found no mode of the posterior: its mode search ran to where the potential "
+        f"falls without bound or its curvature is infinite (in {', '.join(where[:6])}"
+        f"{', ...' if len(where) > 6 else ''})"
+        + (f"; the farthest coordinates (unconstrained) {ran}" if ran else "")
+        + ". A density that grows without bound has no mode; most often it is a hierarchical model written "
+        "centred, whose effects' scale can shrink to zero (Neal's funnel: a ~ Normal(mu, tau) as tau -> 0). "
+        "Write those effects non-centred, as one does for NUTS: pyro.poutine.reparam(model, config={'a': "
+        "pyro.infer.reparam.LocScaleReparam(centered=0.0)}) (the kernel then samples 'a_decentered'; "
+        "pyro.infer.Predictive gives 'a'), or give the scale a prior that keeps it away from zero."
+    )
 
 
 def _batch_and_noise(
@@ -285,14 +329,16 @@ def _pilot(
     return step, typical, largest, iterations * len(points) + stiffness_rounds[0], iterations, elapsed
 
 
-def _preconditioner(pot, mode: torch.Tensor, given, form: str):
+def _preconditioner(pot, search: ModeSearch, given, form: str, start: torch.Tensor):
     """The inverse mass (the ``given`` one: a tensor, or a function of the Hessian diagonal at the mode
     returning one or ``None``; else one of ``form`` from the clients' Hessians at the mode), the Hessian
     diagonal of :math:`U` and each client's, the condition number the diagonal form leaves (``nan`` when the
     Hessian is not gathered), the slowest preconditioned curvature (the smallest eigenvalue of :math:`R^\top
     H R` when the Hessian is gathered, else the smallest diagonal entry, which bounds it from above), the
     Laplace approximation's covariance (dense when gathered, else its diagonal: the metric of the mode's
-    Newton decrement) and the rounds of uploads it cost."""
+    Newton decrement) and the rounds of uploads it cost, at the end of the mode ``search`` from ``start``.
+    A search that ran off to where the density grows without bound is refused there (:func:`_no_mode`)."""
+    mode = search.point
     gather = form == "dense" or (form == "auto" and pot.dim <= adaptation.DENSE_DIMENSIONS)
     diagonals, hessian = adaptation.client_hessians(
         pot.full_gradient_fn, mode, pot.num_clients, pot.network, total=gather
@@ -312,6 +358,9 @@ def _preconditioner(pot, mode: torch.Tensor, given, form: str):
         )
         curvature = curvature + prior_diagonal[0]
         hessian = None if hessian is None else hessian + prior_hessian
+    if hessian is not None and not bool(hessian.isfinite().all()):
+        curvature = curvature + float("inf")  # reported as infinite wherever it is
+    _check_mode_exists(pot, start, search, curvature)
     diagonal = adaptation.preconditioner(curvature)
     laplace = diagonal if hessian is None else adaptation.dense_preconditioner(hessian)
     if callable(given):  # the sampler's own inverse mass from the curvature (pSGLD's stationary G)

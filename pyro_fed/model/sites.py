@@ -325,9 +325,16 @@ def _distribution_name(fn) -> str:
 
 def is_random_variable(site: dict) -> bool:
     """A sample site that is a random variable of the model: not a plate's subsample site, and not a
-    ``pyro.deterministic`` record (Pyro marks those observed, but they carry no density)."""
+    deterministic record: a ``pyro.deterministic`` site, or the value a reparametrizer computes in place of
+    the site it replaced (:class:`~pyro.infer.reparam.LocScaleReparam`'s non-centred ``a`` from
+    ``a_decentered``). Pyro marks both observed, with a distribution masked off entirely: they carry no
+    density."""
+    fn = site.get("fn")
     return (
-        site["type"] == "sample" and not site_is_subsample(site) and not site["infer"].get("_deterministic")
+        site["type"] == "sample"
+        and not site_is_subsample(site)
+        and not site["infer"].get("_deterministic")
+        and not (isinstance(fn, MaskedDistribution) and fn._mask is False)
     )
 
 

@@ -6,8 +6,10 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
 from pyro.distributions import constraints
 from pyro.infer import MCMC
+from pyro.infer.reparam import LocScaleReparam
 
 from pyro_fed import (
     DglmcKernel,
@@ -301,3 +303,63 @@ def test_a_hierarchical_posterior_gets_the_preconditioner_of_its_draws():
     assert final.largest_stiffness > 2 * final.stiffness
     assert final.step_size == pytest.approx(adaptation.STEP_TARGET / final.stiffness)
     assert final.step_size * final.largest_stiffness <= adaptation.STABLE_PRODUCT * (1 + 1e-12)
+
+
+GROUPS, PER_GROUP = 5, 8
+
+
+def grouped_data(spread: float):
+    """``PER_GROUP`` points of unit noise around each of ``GROUPS`` group means ``spread`` apart."""
+    g = torch.Generator().manual_seed(2)
+    group = torch.arange(GROUPS * PER_GROUP) % GROUPS
+    return group, spread * group.double() + torch.randn(len(group), generator=g, dtype=torch.float64)
+
+
+def centred_effects(group, y):
+    """Random intercepts as they are first written: ``a ~ Normal(mu, tau)`` per group (centred)."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfNormal(2.0))
+    with pyro.plate("groups", GROUPS):
+        a = pyro.sample("a", dist.Normal(mu, tau))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("y", dist.Normal(a[group[idx]], 1.0), obs=y[idx])
+
+
+def test_a_centred_hierarchical_model_without_a_mode_is_named_before_the_run():
+    # with every effect equal to mu, the density grows as tau^-(GROUPS - 1) as tau -> 0 (Neal's funnel): the
+    # mode search ran there and the dense preconditioner's eigendecomposition failed on infinite curvatures
+    # (torch's LinAlgError, nothing said of the model); groups that do not differ leave nothing to hold it
+    group, y = grouped_data(spread=0.0)
+    for kernel in (FaldKernel(centred_effects, 4), DulaKernel(centred_effects, 4)):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(kernel, num_samples=10, warmup_steps=10, disable_progbar=True)
+        with pytest.raises(
+            ValueError, match=r"found no mode(.|\n)*tau (.|\n)*LocScaleReparam\(centered=0.0\)"
+        ):
+            mcmc.run(group, y)
+        assert kernel.runner is None  # said before any iteration
+
+
+def fixed_effects(group, y):
+    """Group means with a fixed prior ``a ~ Normal(0, 2)``: conjugate, so their posterior is known."""
+    with pyro.plate("groups", GROUPS):
+        a = pyro.sample("a", dist.Normal(0.0, 2.0))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("y", dist.Normal(a[group[idx]], 1.0), obs=y[idx])
+
+
+@pytest.mark.slow
+def test_effects_made_non_centred_by_pyro_reparam_are_sampled():
+    # Pyro's LocScaleReparam records the effects 'a' in their plate as observed deterministic values (a
+    # distribution masked off): the kernel took "groups" for a second data plate and refused the model. The
+    # sampled site is a_decentered = a / 2, whose exact posterior follows from a's: precision 1/4 + n_g
+    group, y = grouped_data(spread=1.0)
+    model = poutine.reparam(fixed_effects, config={"a": LocScaleReparam(centered=0.0)})
+    precision = 0.25 + PER_GROUP
+    mean = torch.zeros(GROUPS, dtype=torch.float64).index_add(0, group, y) / precision
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(FaldKernel(model, 4), num_samples=1000, warmup_steps=300, num_chains=2, disable_progbar=True)
+    mcmc.run(group, y)
+    draws = mcmc.get_samples(group_by_chain=True)
+    assert set(draws) == {"a_decentered"}
+    check_against_exact(draws["a_decentered"].double(), mean / 2, torch.full((GROUPS,), precision**-0.5 / 2))
