@@ -139,9 +139,9 @@ def diamonds(x: torch.Tensor, y: torch.Tensor) -> None:
     """brms's linear regression on centred predictors: ``y ~ normal(Intercept + Xc * b, sigma)``, ``b ~
     normal(0, 1)``, ``Intercept ~ student_t(3, 8, 10)``, ``sigma ~ student_t(3, 0, 10)`` on ``<lower=0>``
     (a folded Student t: the truncation's constant aside, the same density). ``x`` is ``Xc``, the design
-    without its intercept column, each column less its mean (transformed data). Its 24 predictors are
-    polynomial and contrast columns of a few variables: the posterior of ``b`` is strongly correlated
-    (posteriordb's reference took NUTS to its largest trees)."""
+    without its intercept column, each column less its mean (transformed data). Its 24 predictors (``carat
+    * (log(x) + log(y) + log(z)) + cut + color + clarity``: interactions and contrasts) are highly correlated,
+    and so is the posterior of ``b``."""
     b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
     intercept = pyro.sample("Intercept", dist.StudentT(3.0, 8.0, 10.0))
     sigma = pyro.sample("sigma", dist.FoldedDistribution(dist.StudentT(3.0, 0.0, 10.0)))
