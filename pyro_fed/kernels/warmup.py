@@ -32,7 +32,7 @@ PILOT_COMPILE_ITERATIONS = 5000
 #: first one stopped short (each costs the Hessian again)
 MODE_REFINEMENTS = 2
 #: the slope of the potential (nats per unconstrained unit) along a coordinate without curvature at which a
-#: mode search's end is taken for a run-away (:func:`_check_mode_exists`): a funnel of ``G`` effects has
+#: mode search's end is taken for a run-away (see ``_check_mode_exists``): a funnel of ``G`` effects has
 #: ``G - 1`` along its log scale
 RUNAWAY_GRADIENT = 1.0
 
