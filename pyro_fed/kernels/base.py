@@ -48,11 +48,12 @@ DIVERGING_WARNING = 0.01
 #: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
 #: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
 EXPLOSION_SCALES = 1e6
-#: the share of the warm-up's draws after which an automatic preconditioner is measured again from the
-#: chains' own draws (those of the window's second half: see FederatedKernel._adapt_to_draws)
-DRAWS_WINDOW = 0.5
-#: the fewest warm-up draws per chain in that window (a shorter warm-up keeps the first preconditioner)
-MIN_WINDOW_DRAWS = 40
+#: the windows of the warm-up's draws (its fractions: first, end) after each of which an automatic
+#: preconditioner is measured again from the chains' own draws in it (see FederatedKernel._adapt_to_draws):
+#: Stan's windowed adaptation, whose later window starts from what the earlier one found
+DRAWS_WINDOWS = ((0.25, 0.5), (0.5, 0.75))
+#: the fewest draws per chain in a window (a shorter warm-up keeps the preconditioner it has)
+MIN_WINDOW_DRAWS = 20
 #: the constructor's own names, besides its settings
 CALLED = ("self", "model", "clients", "__class__")
 #: what a kernel said of its sampler before the algorithms held it (see FederatedKernel.__init_subclass__)
@@ -712,44 +713,47 @@ class FederatedKernel(MCMCKernel):
             self._meeting(self.runner.run_chunk)
             # before the checkpoint: a checkpoint past the window holds the preconditioner of its draws
             window = self._window_end
-            if window is not None and self.runner.computed >= window * self.current_thinning:
-                self._window_end = None
-                self._meeting(self._adapt_to_draws, window)
+            if window is not None and self.runner.computed >= window[1] * self.current_thinning:
+                self._meeting(self._adapt_to_draws, *window)
+                self._window_end = self._draws_window(self._warmup_steps)
             if self.checkpoint is not None:
                 self._meeting(self._write_checkpoint)
         self._served += 1
         return self.potential.unconstrained_params(self.runner.buffer.draw(draw, self._chain))
 
-    def _draws_window(self, warmup_steps: int) -> int | None:
-        """The draws after which the preconditioner is measured again from the chains' own draws
-        (:meth:`_adapt_to_draws`): ``DRAWS_WINDOW`` of the warm-up's, when the warm-up chose the step and the
-        preconditioner and the kernel has no last word of its own on the step (D-ULA's graph); ``None``
-        when it is not, or was already, measured."""
-        window = int(DRAWS_WINDOW * warmup_steps)
+    def _draws_window(self, warmup_steps: int) -> tuple[int, int] | None:
+        """The next window of draws ``(first, end)`` (:data:`DRAWS_WINDOWS` of the warm-up's) from which the
+        preconditioner is measured again once its draws are computed (:meth:`_adapt_to_draws`), when the
+        warm-up chose the step and the preconditioner and the kernel has no last word of its own on the step
+        (D-ULA's graph); ``None`` when there is none, or none left. The windows depend on ``warmup_steps``
+        alone: a run resumed from a checkpoint meets those its first run had still to meet."""
         automatic = (
             self.adaptation is not None
             and self.step_size is None
             and not isinstance(self.preconditioner, torch.Tensor)
             and not self.settings.finishes_adaptation
         )
-        if (
-            not automatic
-            or window < MIN_WINDOW_DRAWS
-            or self.runner.computed >= window * self.current_thinning
-        ):
+        if not automatic:
             return None
-        return window
+        for first, end in DRAWS_WINDOWS:
+            window = int(first * warmup_steps), int(end * warmup_steps)
+            if (
+                window[1] - window[0] >= MIN_WINDOW_DRAWS
+                and self.runner.computed < window[1] * self.current_thinning
+            ):
+                return window
+        return None
 
-    def _adapt_to_draws(self, window: int) -> None:
-        """Stan's windowed adaptation, once: the covariance of the chains' draws in the second half of the
-        window replaces the warm-up's preconditioner where it disagrees with it beyond chance
+    def _adapt_to_draws(self, first: int, end: int) -> None:
+        """Stan's windowed adaptation, for one window: the covariance of the chains' draws ``first`` to
+        ``end - 1`` replaces the preconditioner in use where it disagrees with it beyond chance
         (:func:`~pyro_fed.algorithms.adaptation.draws_preconditioner`); the step is then chosen again for it,
         at the same minibatch and thinning, its stiffness and noise measured (and its pilot started) at some
         of the window's draws. The Laplace approximation at the mode misjudges a posterior whose curvature
         varies (a hierarchical model's scale): on eight schools the slowest direction then had 2.7 times fewer
         effective draws."""
         pot, chosen = self.potential, self.adaptation
-        draws = self.runner.buffer.all_draws(window // 2)[:, : window - window // 2]
+        draws = self.runner.buffer.all_draws(first)[:, : end - first]
         draws = torch.as_tensor(draws, device=pot.device)
         measured = adaptation.draws_preconditioner(draws, chosen.preconditioner)
         if measured is None:

@@ -14,6 +14,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_fed import DulaKernel, FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed.algorithms import adaptation
 from pyro_fed.engine.draws import DrawBuffer
 from pyro_fed.engine.randomness import Randomness
 from pyro_fed.kernels import checkpoint, warmup
@@ -71,10 +72,10 @@ def interrupted_at(call):
         ChunkRunner.run_chunk = original
 
 
-def run(kernel, args=None, num_chains=2, num_samples=NUM_SAMPLES, interrupt=None, seed=0):
+def run(kernel, args=None, num_chains=2, num_samples=NUM_SAMPLES, interrupt=None, seed=0, warmup=WARMUP):
     """The run of ``kernel`` (global seed ``seed``), and the iterations at which it ran its chunks."""
     mcmc = MCMC(
-        kernel, num_samples=num_samples, warmup_steps=WARMUP, num_chains=num_chains, disable_progbar=True
+        kernel, num_samples=num_samples, warmup_steps=warmup, num_chains=num_chains, disable_progbar=True
     )
     pyro.set_rng_seed(seed)
     with interrupted_at(interrupt) as calls:
@@ -162,6 +163,42 @@ def test_the_automatic_warm_up_is_restored_not_run_again(tmp_path, monkeypatch):
             assert torch.equal(value, other), field
         else:
             assert type(value) is type(other) and (value == other or value != value and other != other), field
+
+
+def test_a_run_resumed_between_the_warm_up_windows_meets_the_second_as_the_first_run_did(
+    tmp_path, monkeypatch
+):
+    # the warm-up measures the preconditioner again from the chains' draws after each of its two windows (of
+    # a warm-up of 120 draws: after 60 and 90); a run resumed between them holds the first window's
+    # preconditioner and meets the second from the restored draws, as the uninterrupted run did. Every
+    # window replaces the preconditioner here (no spread is within chance): the test is of the resumption
+    monkeypatch.setattr(adaptation, "DENSE_CONDITION", 0.0)
+    measured = []
+    original = adaptation.draws_preconditioner
+
+    def counted(*args, **kwargs):
+        result = original(*args, **kwargs)
+        measured.append(result is not None)
+        return result
+
+    monkeypatch.setattr(adaptation, "draws_preconditioner", counted)
+    path = tmp_path / "windows.pt"
+
+    def kernel(**kw):
+        return FaldKernel(logistic_model, 4, comm_prob=0.5, gradient_mode="traced", chunk_size=8, **kw)
+
+    first, _ = run(kernel(), num_samples=20, warmup=120)
+    assert measured == [True, True]
+    thinning = first.kernel.current_thinning
+    # a chunk after the first window's 60 draws, before the second's 90
+    interrupt(
+        kernel(checkpoint=path, checkpoint_every=1), call=75 * thinning // 8, num_samples=20, warmup=120
+    )
+    assert 60 * thinning <= checkpoint.load(str(path))["meta"]["computed"] < 90 * thinning
+    measured.clear()
+    resumed, _ = run(kernel(checkpoint=path, checkpoint_every=1), num_samples=20, warmup=120)
+    assert measured == [True]  # the second window only: the first one's preconditioner was restored
+    assert_bitwise_equal(results(resumed), results(first))
 
 
 def test_a_checkpoint_of_another_configuration_is_refused_naming_what_differs(tmp_path):
