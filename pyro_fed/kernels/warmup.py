@@ -190,8 +190,18 @@ def _check_mode_exists(pot, start: torch.Tensor, search: ModeSearch, curvature: 
 
 def _no_mode(pot, start: torch.Tensor, point: torch.Tensor, runaway: torch.Tensor) -> ValueError:
     """The error of a mode search that ran off (:func:`_check_mode_exists`), named with the coordinates that
-    ran farthest from the start and those where the potential has no curvature to stop it."""
+    ran farthest from the start and those where the potential has no curvature to stop it, and the fix for
+    the effects it found collapsed: a site of several coordinates that all ended at one value (a funnel's
+    effects all run to their mean), or ``'a'`` when none did."""
     names = pot.space.coordinate_names
+    collapsed = [
+        s.name
+        for s in pot.latent_sites
+        if s.stop - s.start > 1
+        and float(point[s.start : s.stop].std()) <= 1e-3 * (1 + float(point[s.start : s.stop].abs().max()))
+        and float(start[s.start : s.stop].std()) > 1e-3 * (1 + float(start[s.start : s.stop].abs().max()))
+    ]
+    effects = repr(collapsed[0]) if collapsed else "'a'"
     moved = (point - start).abs().cpu()
     farthest = [int(j) for j in moved.argsort(descending=True)[:3] if moved[j] > 1]
     ran = ", ".join(f"{names[j]} {float(start[j]):.3g} -> {float(point[j]):.3g}" for j in farthest)
@@ -201,11 +211,18 @@ def _no_mode(pot, start: torch.Tensor, point: torch.Tensor, runaway: torch.Tenso
         f"falls without bound or its curvature is infinite (in {', '.join(where[:6])}"
         f"{', ...' if len(where) > 6 else ''})"
         + (f"; the farthest coordinates (unconstrained) {ran}" if ran else "")
+        + (
+            f"; the coordinates of {', '.join(map(repr, collapsed))} all ran to one value"
+            if collapsed
+            else ""
+        )
         + ". A density that grows without bound has no mode; most often it is a hierarchical model written "
-        "centred, whose effects' scale can shrink to zero (Neal's funnel: a ~ Normal(mu, tau) as tau -> 0). "
-        "Write those effects non-centred, as one does for NUTS: pyro.poutine.reparam(model, config={'a': "
-        "pyro.infer.reparam.LocScaleReparam(centered=0.0)}) (the kernel then samples 'a_decentered'; "
-        "pyro.infer.Predictive gives 'a'), or give the scale a prior that keeps it away from zero."
+        "centred, whose effects' scale can shrink to zero (Neal's funnel: effects ~ Normal(mu, tau) as "
+        "tau -> 0, every effect at mu). Write those effects non-centred, as one does for NUTS: "
+        f"pyro.poutine.reparam(model, config={{{effects}: "
+        "pyro.infer.reparam.LocScaleReparam(centered=0.0)}) "
+        f"(the kernel then samples {effects[:-1]}_decentered'; pyro.infer.Predictive gives {effects}), or "
+        "give the scale a prior that keeps it away from zero."
     )
 
 
