@@ -9,7 +9,9 @@ from pathlib import Path
 import pyro
 import pytest
 import torch
+from pyro import poutine
 from pyro.infer import MCMC
+from pyro.infer.reparam import LocScaleReparam
 
 from pyro_fed import (
     DglmcKernel,
@@ -26,6 +28,7 @@ from pyro_fed.kernels.chunks import ChunkRunner
 from pyro_fed.network.distributed import CENSUS_SECONDS, shard
 from pyro_fed.partition import dirichlet
 from tests.kernels.test_dula import drift_at
+from tests.kernels.test_user_posteriors import centred_effects, grouped_data
 from tests.models import logistic_data, logistic_model
 from tests.network.forked import run_forked
 
@@ -471,3 +474,32 @@ def test_fald_meets_only_at_its_rounds_and_counts_the_bytes_it_sends():
         assert eager == initial + averages + bookkeeping
         # a traced iteration's collectives are counted at each call, and once when traced (a real call)
         assert traced == eager + chains * dim * float_bytes
+
+
+def test_hierarchical_effects_over_two_ranks_refused_alike_centred_and_sampled_alike_non_centred():
+    # centred, the groups barely differing: every rank's warm-up finds that the posterior has no mode (a
+    # funnel) and refuses it with the same words before any iteration, none left waiting in a collective;
+    # made non-centred with Pyro's LocScaleReparam, the ranks give the one-process draws
+    group, y = grouped_data(spread=0.0)
+    non_centred = poutine.reparam(centred_effects, config={"intercept": LocScaleReparam(centered=0.0)})
+
+    def sample(model, clients, data, network=None):
+        kernel = FaldKernel(model, clients, network=network, gradient_mode="traced")
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True)
+        pyro.set_rng_seed(0)
+        mcmc.run(*data)
+        return mcmc.get_samples(group_by_chain=True)["intercept_decentered"]
+
+    def run(rank, world_size, network):
+        rows, clients = shard(4, len(y), network)
+        try:
+            sample(centred_effects, clients, (group[rows], y[rows]), network)
+        except ValueError as error:
+            refused = str(error)
+        return refused, sample(non_centred, clients, (group[rows], y[rows]), network)
+
+    ranks = run_forked(run, 2, timeout_seconds=300)
+    assert ranks[0][0] == ranks[1][0] and "found no mode" in ranks[0][0]
+    expected = sample(non_centred, 4, (group, y))
+    for _, draws in ranks:
+        torch.testing.assert_close(draws, expected, rtol=0, atol=1e-10)
