@@ -328,13 +328,13 @@ def is_random_variable(site: dict) -> bool:
     deterministic record: a ``pyro.deterministic`` site, or the value a reparametrizer computes in place of
     the site it replaced (:class:`~pyro.infer.reparam.LocScaleReparam`'s non-centred ``a`` from
     ``a_decentered``). Pyro marks both observed, with a distribution masked off entirely: they carry no
-    density."""
+    density. (A latent site whose prior is masked off is a random variable with a flat prior.)"""
     fn = site.get("fn")
     return (
         site["type"] == "sample"
         and not site_is_subsample(site)
         and not site["infer"].get("_deterministic")
-        and not (isinstance(fn, MaskedDistribution) and fn._mask is False)
+        and not (site["is_observed"] and isinstance(fn, MaskedDistribution) and fn._mask is False)
     )
 
 

@@ -365,3 +365,28 @@ def test_effects_made_non_centred_by_pyro_reparam_are_sampled():
     draws = mcmc.get_samples(group_by_chain=True)
     assert set(draws) == {"a_decentered"}
     check_against_exact(draws["a_decentered"].double(), mean / 2, torch.full((GROUPS,), precision**-0.5 / 2))
+
+
+def masked_prior_mean(y):
+    """A flat prior written by masking a prior's density off: ``m`` is still the model's latent variable."""
+    m = pyro.sample("m", dist.Normal(0.0, 1.0).mask(False))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("y", dist.Normal(m, 1.0), obs=y[idx])
+
+
+@pytest.mark.slow
+def test_a_latent_site_whose_prior_is_masked_off_is_sampled_with_a_flat_prior():
+    # the reparametrizers' deterministic records are observed sites masked off and carry no density; a latent
+    # site masked off is a random variable all the same (once left out with them: "no ... latent site")
+    y = 1.0 + torch.randn(40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(
+        FaldKernel(masked_prior_mean, 4),
+        num_samples=1000,
+        warmup_steps=300,
+        num_chains=2,
+        disable_progbar=True,
+    )
+    mcmc.run(y)
+    exact_sd = torch.tensor(len(y) ** -0.5, dtype=torch.float64)
+    check_against_exact(mcmc.get_samples(group_by_chain=True)["m"].double(), y.mean(), exact_sd)
