@@ -99,6 +99,14 @@ def check_against_exact(chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tens
     assert ((ratio - 1).abs() <= SD_TARGET + Z / (2 * effective) ** 0.5).all(), ratio
 
 
+def draws_of(kernel, *args, num_chains=2):
+    """The draws ``{site: [chains, 1000, ...]}`` of ``kernel`` after 300 warm-up draws, seed 0."""
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=300, num_chains=num_chains, disable_progbar=True)
+    mcmc.run(*args)
+    return mcmc.get_samples(group_by_chain=True)
+
+
 def test_an_improper_site_starts_uniformly_in_its_unconstrained_box_and_nothing_samples_it():
     from pyro.infer.autoguide.initialization import init_to_median
 
@@ -182,16 +190,7 @@ def test_the_noise_scale_of_a_small_regression_is_unbiased_at_the_defaults(kerne
     # the noise probe once read every client whole, measured no minibatch noise, and the warm-up chose
     # minibatches of one point, whose noise put sigma 0.35 sds too high
     x, y, mean, sd = small_regression()
-    pyro.set_rng_seed(0)
-    mcmc = MCMC(
-        kernel_type(flat_regression, 10),
-        num_samples=1000,
-        warmup_steps=300,
-        num_chains=4,
-        disable_progbar=True,
-    )
-    mcmc.run(x, y)
-    check_against_exact(mcmc.get_samples(group_by_chain=True)["sigma"], mean, sd)
+    check_against_exact(draws_of(kernel_type(flat_regression, 10), x, y, num_chains=4)["sigma"], mean, sd)
 
 
 def test_an_init_strategy_that_is_not_a_function_is_refused_by_name():
@@ -359,10 +358,7 @@ def test_effects_made_non_centred_by_pyro_reparam_are_sampled():
     model = poutine.reparam(fixed_effects, config={"a": LocScaleReparam(centered=0.0)})
     precision = 0.25 + PER_GROUP
     mean = torch.zeros(GROUPS, dtype=torch.float64).index_add(0, group, y) / precision
-    pyro.set_rng_seed(0)
-    mcmc = MCMC(FaldKernel(model, 4), num_samples=1000, warmup_steps=300, num_chains=2, disable_progbar=True)
-    mcmc.run(group, y)
-    draws = mcmc.get_samples(group_by_chain=True)
+    draws = draws_of(FaldKernel(model, 4), group, y)
     assert set(draws) == {"a_decentered"}
     check_against_exact(draws["a_decentered"].double(), mean / 2, torch.full((GROUPS,), precision**-0.5 / 2))
 
@@ -379,14 +375,5 @@ def test_a_latent_site_whose_prior_is_masked_off_is_sampled_with_a_flat_prior():
     # the reparametrizers' deterministic records are observed sites masked off and carry no density; a latent
     # site masked off is a random variable all the same (once left out with them: "no ... latent site")
     y = 1.0 + torch.randn(40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    pyro.set_rng_seed(0)
-    mcmc = MCMC(
-        FaldKernel(masked_prior_mean, 4),
-        num_samples=1000,
-        warmup_steps=300,
-        num_chains=2,
-        disable_progbar=True,
-    )
-    mcmc.run(y)
     exact_sd = torch.tensor(len(y) ** -0.5, dtype=torch.float64)
-    check_against_exact(mcmc.get_samples(group_by_chain=True)["m"].double(), y.mean(), exact_sd)
+    check_against_exact(draws_of(FaldKernel(masked_prior_mean, 4), y)["m"].double(), y.mean(), exact_sd)
