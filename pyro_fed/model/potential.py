@@ -395,6 +395,13 @@ class FederatedPotential:
         (:func:`pyro_fed.model.predictive.posterior_predictive`)."""
         return predictive.posterior_predictive(self.sites, values, chunk_size)
 
+    def deterministic_values(
+        self, values: dict[str, torch.Tensor], chunk_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The deterministic sites outside the data plate at each draw: ``{site: [M, ...]}``
+        (:func:`pyro_fed.model.predictive.deterministic_values`)."""
+        return predictive.deterministic_values(self.sites, values, chunk_size)
+
     def observed_data(self) -> dict[str, torch.Tensor]:
         """The observed values of the plate's sites, in data order."""
         return predictive.observed_data(self.sites)

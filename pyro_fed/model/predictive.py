@@ -1,4 +1,5 @@
-"""Per-draw evaluations of a model for ArviZ: pointwise log-likelihood, posterior predictive, observed data.
+"""Per-draw evaluations of a model for ArviZ: pointwise log-likelihood, posterior predictive, deterministic
+sites, observed data.
 
 For ``M`` posterior draws :math:`\\theta^{(k)}` and the ``N`` data of the plate, these give the matrix
 :math:`\\log p(y_j | \\theta^{(k)})` (``M × N``, per observed site) used by ``az.loo`` and ``az.waic``,
@@ -102,6 +103,24 @@ def posterior_predictive(
         return {name: trace.nodes[name]["value"] for name in sites.likelihood_sites}
 
     return _map_draws(one_draw, values, chunk_size, sites.num_data, randomness="different")
+
+
+def deterministic_values(
+    sites: ModelSites, values: dict[str, torch.Tensor], chunk_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """The deterministic records outside the data plate at each draw: ``{site: [M, ...]}``
+    (:attr:`~pyro_fed.model.sites.ModelSites.deterministic_names`: ``pyro.deterministic`` sites, and the
+    value a reparametrizer such as :class:`~pyro.infer.reparam.LocScaleReparam` computes in place of the
+    site it replaced), the model run on one datum of the plate (they do not depend on its data)."""
+    if not sites.deterministic_names:
+        return {}
+    one_datum = _all_data(sites, values)[:1]
+
+    def one_draw(draw):
+        trace = sites.run(draw, one_datum)
+        return {name: trace.nodes[name]["value"] for name in sites.deterministic_names}
+
+    return _map_draws(one_draw, values, chunk_size, 1)
 
 
 def observed_data(sites: ModelSites) -> dict[str, torch.Tensor]:

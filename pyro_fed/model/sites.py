@@ -487,6 +487,16 @@ class ModelSites:
             ) from error
 
     def _classify(self, trace: Trace) -> None:
+        #: the deterministic records outside the data plate (``pyro.deterministic``, a reparametrizer's value
+        #: of the site it replaced): functions of the global latent sites, for the posterior's output
+        self.deterministic_names: list[str] = [
+            name
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and not site_is_subsample(site)
+            and not is_random_variable(site)
+            and not any(f.name == self.plate for f in site["cond_indep_stack"])
+        ]
         self.latent_names: list[str] = []
         self.global_observed: list[str] = []
         self.likelihood_sites: list[str] = []

@@ -158,7 +158,11 @@ def to_inference_data(
 
     Groups:
 
-    - ``posterior``: the constrained draws of every global latent site;
+    - ``posterior``: the constrained draws of every global latent site, and the values at each draw of the
+      model's deterministic sites outside the data plate: ``pyro.deterministic``, and the sites a
+      reparametrizer replaced (``a`` beside the sampled ``a_decentered`` of
+      :class:`~pyro.infer.reparam.LocScaleReparam`), as NumPyro gives them (Pyro's own ``get_samples``
+      leaves them to :class:`~pyro.infer.Predictive`);
     - ``sample_stats``: per draw, ``diverging`` (non-finite or exploded step, reverted), ``uploaded_bits``
       and ``downloaded_bits`` (cumulative bits sent and received by clients, summed over clients, counted
       from the start of warm-up) and the algorithm's own statistics (FALD: ``communicated``, whether the
@@ -222,7 +226,11 @@ def to_inference_data(
             stacklevel=2,
         )
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
-    groups = {"posterior": _numpy(samples), "sample_stats": _sample_stats(mcmc, num_chains, num_draws)}
+    deterministic = _by_chain(potential.deterministic_values(flat_draws, chunk_size), num_chains)
+    groups = {
+        "posterior": {**_numpy(samples), **deterministic},
+        "sample_stats": _sample_stats(mcmc, num_chains, num_draws),
+    }
     # statistics holding every client's iterate (D-ULA's record_agents): a group of their own
     iterates = getattr(mcmc.kernel, "client_iterates", {})
     clients = {name: groups["sample_stats"].pop(name) for name in iterates if name in groups["sample_stats"]}

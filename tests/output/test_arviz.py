@@ -7,7 +7,9 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
 from pyro.infer import MCMC, NUTS
+from pyro.infer.reparam import LocScaleReparam
 
 import pyro_fed
 from pyro_fed import FaldKernel
@@ -106,6 +108,33 @@ def test_constrained_sites_and_from_pyro():
     assert replicates.shape == (1, 50, 30) and len(np.unique(replicates)) == replicates.size
     # Pyro's own converter works too, since diagnostics carry "divergences"
     assert az.from_pyro(mcmc).sample_stats["diverging"].shape == (1, 50)
+
+
+def test_the_posterior_holds_the_deterministic_sites_and_the_reparametrised_ones():
+    # a pyro.deterministic outside the plate and the effects LocScaleReparam computes from the sampled
+    # a_decentered, at every draw, as NumPyro's samples hold them (a deterministic in the plate is per datum:
+    # not a posterior quantity)
+    def model(group, y):
+        scale = pyro.sample("scale", dist.HalfNormal(2.0))
+        with pyro.plate("groups", 3):
+            a = pyro.sample("a", dist.Normal(1.0, scale))
+        pyro.deterministic("spread", a.max() - a.min())
+        with pyro.plate("data", len(y)) as idx:
+            pyro.deterministic("fitted", a[group[idx]])
+            pyro.sample("y", dist.Normal(a[group[idx]], 1.0), obs=y[idx])
+
+    reparametrised = poutine.reparam(model, config={"a": LocScaleReparam(centered=0.0)})
+    group = torch.arange(12) % 3
+    y = group.double() + torch.randn(12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(reparametrised, 3, step_size=0.01, gradient_mode="traced")
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, num_chains=2, disable_progbar=True)
+    mcmc.run(group, y)
+    posterior = pyro_fed.to_inference_data(mcmc).posterior
+    assert set(posterior.data_vars) == {"scale", "a_decentered", "a", "spread"}
+    a = 1.0 + posterior["scale"].values[..., None] * posterior["a_decentered"].values
+    np.testing.assert_allclose(posterior["a"].values, a, rtol=1e-12)
+    np.testing.assert_allclose(posterior["spread"].values, a.max(-1) - a.min(-1), rtol=1e-12)
 
 
 def test_pyro_reference_run_converts_with_the_same_groups():
