@@ -221,7 +221,8 @@ def _no_mode(pot, start: torch.Tensor, point: torch.Tensor, runaway: torch.Tenso
         "tau -> 0, every effect at mu). Write those effects non-centred, as one does for NUTS: "
         f"pyro.poutine.reparam(model, config={{{effects}: "
         "pyro.infer.reparam.LocScaleReparam(centered=0.0)}) "
-        f"(the kernel then samples {effects[:-1]}_decentered'; pyro.infer.Predictive gives {effects}), or "
+        f"(the kernel then samples {effects[:-1]}_decentered'; to_inference_data's posterior holds {effects} "
+        "too), or "
         "give the scale a prior that keeps it away from zero."
     )
 
