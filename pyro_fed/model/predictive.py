@@ -109,7 +109,7 @@ def deterministic_values(
     sites: ModelSites, values: dict[str, torch.Tensor], chunk_size: int | None = None
 ) -> dict[str, torch.Tensor]:
     """The deterministic records outside the data plate at each draw: ``{site: [M, ...]}``
-    (:attr:`~pyro_fed.model.sites.ModelSites.deterministic_names`: ``pyro.deterministic`` sites, and the
+    (``ModelSites.deterministic_names``: ``pyro.deterministic`` sites, and the
     value a reparametrizer such as :class:`~pyro.infer.reparam.LocScaleReparam` computes in place of the
     site it replaced), the model run on one datum of the plate (they do not depend on its data)."""
     if not sites.deterministic_names:
