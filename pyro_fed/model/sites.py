@@ -457,11 +457,19 @@ class ModelSites:
         names = [n for n, v in named_arguments(self.model, self.model_args, self.model_kwargs) if v is data]
         what = names[0] if names else "a tensor"
         dim = frame.dim - event_dim
+        # another event_dim that puts a dimension of the plate's size under the plate: the likely slip, in a
+        # plate nested in another (its reads counted from the inner plate's dimension)
+        fits = [
+            e
+            for e in range(data.dim())
+            if e != event_dim and frame.dim - e >= -data.dim() and data.shape[frame.dim - e] == size
+        ]
+        other = f", or read it with event_dim={fits[0]} (its dimension {frame.dim - fits[0]})" if fits else ""
         raise ValueError(
             f"pyro.subsample(..., event_dim={event_dim}) in plate {frame.name!r} of {size} data reads {what} "
             f"of shape {tuple(data.shape)}, with {data.shape[dim]} entries along the plate's dimension "
-            f"({dim}): give {what} one entry per datum of the plate ({size}), or declare the plate with the "
-            "data's length."
+            f"({dim}): give {what} one entry per datum of the plate ({size}){other}, or declare the plate "
+            "with the data's length."
         ) from error
 
     def _diagnose(self, error: Exception, trace: Trace, when: str) -> None:

@@ -98,6 +98,29 @@ def test_subsampled_data_of_another_length_than_the_plate_are_named(length):
     refused(logistic_model, (x, y), match)
 
 
+def test_a_read_of_nested_plates_with_the_wrong_event_dim_is_named_with_the_event_dim_that_fits():
+    # y [N, 2] read inside an inner plate of the 2 outputs: event_dim counts from the inner plate's dimension,
+    # so event_dim=1 reads the data's dimension under it (NUTS, subsampling nothing, never notices)
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y), dim=-2):
+            with pyro.plate("out", 2, dim=-1):
+                pyro.sample(
+                    "y",
+                    dist.Normal(pyro.subsample(x, event_dim=0) * w, 1.0),
+                    obs=pyro.subsample(y, event_dim=1),
+                )
+
+    x, y = torch.randn(40, 2), torch.randn(40, 2)
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(model, 4, plate="data", step_size=1e-3)
+    with pytest.raises(
+        ValueError,
+        match=r"in plate 'out' of 2 data reads y .* or read it with event_dim=0 \(its dimension -1\)",
+    ):
+        MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+
+
 def test_indexed_data_shorter_than_the_plate_are_named():
     x, y = labelled()
     refused(
