@@ -323,19 +323,27 @@ def _distribution_name(fn) -> str:
     return type(_layers(fn)[-1]).__name__
 
 
-def is_random_variable(site: dict) -> bool:
-    """A sample site that is a random variable of the model: not a plate's subsample site, and not a
-    deterministic record: a ``pyro.deterministic`` site, or the value a reparametrizer computes in place of
-    the site it replaced (:class:`~pyro.infer.reparam.LocScaleReparam`'s non-centred ``a`` from
-    ``a_decentered``). Pyro marks both observed, with a distribution masked off entirely: they carry no
-    density. (A latent site whose prior is masked off is a random variable with a flat prior.)"""
+def is_deterministic_record(site: dict) -> bool:
+    """A sample site that records a value computed from others: a ``pyro.deterministic`` site, or the value a
+    reparametrizer computes in place of the site it replaced (:class:`~pyro.infer.reparam.LocScaleReparam`'s
+    non-centred ``a`` from ``a_decentered``). Pyro marks both observed, with a distribution masked off
+    entirely: they carry no density. (A latent site whose prior is masked off is a random variable with a
+    flat prior.)"""
     fn = site.get("fn")
     return (
         site["type"] == "sample"
         and not site_is_subsample(site)
-        and not site["infer"].get("_deterministic")
-        and not (site["is_observed"] and isinstance(fn, MaskedDistribution) and fn._mask is False)
+        and bool(
+            site["infer"].get("_deterministic")
+            or (site["is_observed"] and isinstance(fn, MaskedDistribution) and fn._mask is False)
+        )
     )
+
+
+def is_random_variable(site: dict) -> bool:
+    """A sample site that is a random variable of the model: not a plate's subsample site, and not a
+    deterministic record (:func:`is_deterministic_record`)."""
+    return site["type"] == "sample" and not site_is_subsample(site) and not is_deterministic_record(site)
 
 
 def find_data_plate(trace: Trace, plate: str | None) -> str:
@@ -495,25 +503,20 @@ class ModelSites:
             ) from error
 
     def _classify(self, trace: Trace) -> None:
-        #: the deterministic records outside the data plate (``pyro.deterministic``, a reparametrizer's value
-        #: of the site it replaced): functions of the global latent sites, for the posterior's output
-        self.deterministic_names: list[str] = [
-            name
-            for name, site in trace.nodes.items()
-            if site["type"] == "sample"
-            and not site_is_subsample(site)
-            and not is_random_variable(site)
-            and not any(f.name == self.plate for f in site["cond_indep_stack"])
-        ]
+        #: the deterministic records outside the data plate (:func:`is_deterministic_record`): functions of
+        #: the global latent sites, for the posterior's output
+        self.deterministic_names: list[str] = []
         self.latent_names: list[str] = []
         self.global_observed: list[str] = []
         self.likelihood_sites: list[str] = []
         #: the missing entries of ``obs_mask`` sites: latent per datum, marginalised out by leaving them out
         self.missing_sites: set[str] = set()
         for name, site in trace.nodes.items():
+            in_plate = any(f.name == self.plate for f in site.get("cond_indep_stack", ()))
+            if is_deterministic_record(site) and not in_plate:
+                self.deterministic_names.append(name)
             if not is_random_variable(site):
                 continue
-            in_plate = any(f.name == self.plate for f in site["cond_indep_stack"])
             if site["is_observed"]:
                 (self.likelihood_sites if in_plate else self.global_observed).append(name)
                 if in_plate:
