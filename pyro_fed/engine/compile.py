@@ -41,7 +41,7 @@ from copy import deepcopy
 import torch
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
 
 MODES = ("auto", "compiled", "traced", "eager")
 logger = logging.getLogger("pyro_fed")
@@ -263,6 +263,38 @@ def traced(function: Callable, example_args: Sequence[torch.Tensor]) -> torch.fx
     trace = make_fx(lambda *args: function(*args))
     with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
         return trace(*example_args)
+
+
+def follows_from(outputs, inputs) -> bool:
+    """Whether, in a function being traced (:func:`traced`), every tensor of ``outputs`` (a tensor or a
+    sequence of them) is computed from one of the tensors of ``inputs`` that the trace follows: ``False``
+    where one is not, which is what a value that left torch on its way looks like (turned into NumPy and
+    back, sent through a socket): the tracer keeps it as a constant of the graph, which every later call
+    of the graph returns. ``True`` when nothing is being traced, or none of ``inputs`` is followed."""
+    mode = get_proxy_mode()
+    if mode is None:
+        return True
+
+    def node(value):
+        slot = get_proxy_slot(value, mode.tracer, None) if isinstance(value, torch.Tensor) else None
+        return None if slot is None else slot.proxy.node
+
+    sources = {node(t) for t in inputs} - {None}
+    if not sources:
+        return True
+    for output in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+        start = node(output)
+        if start is None:
+            continue
+        seen, stack = set(), [start]
+        while stack and not sources & seen:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(current.all_input_nodes)
+        if not sources & seen:
+            return False
+    return True
 
 
 def interpreted(module: torch.fx.GraphModule, example_args: Sequence[torch.Tensor]) -> Callable | None:

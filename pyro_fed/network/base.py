@@ -24,11 +24,29 @@ Three kinds of operation:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
+from ..engine.compile import follows_from
+
 #: bits of one float on the wire
 BITS_PER_FLOAT = 32
+#: the tensor operations, which run inside a traced or compiled iteration where the network is
+#: :attr:`~Network.traceable`: a subclass's own are checked as they are traced
+#: (:meth:`Network.__init_subclass__`)
+TENSOR_OPERATIONS = (
+    "sum",
+    "sums",
+    "average",
+    "broadcast",
+    "average_where",
+    "stacked",
+    "maximum",
+    "everywhere",
+    "neighbours",
+)
 
 
 def held_finite(tensors) -> torch.Tensor:
@@ -62,11 +80,26 @@ class Network:
     #: traced or compiled, a chunk cut at its communication rounds. The warm-up's pilot, which meets at every
     #: iteration, runs eagerly. Say it: a tracer does not see where a tensor leaves torch (through NumPy, say)
     #: and keeps what was sent while it traced as a constant, so that every later meeting would receive the
-    #: first one's values (FALD's draws were off by 2 on a logistic regression; tested)
+    #: first one's values (FALD's draws were off by 2 on a logistic regression). A network that says
+    #: ``True`` and leaves torch anyway is caught as it is traced (:meth:`__init_subclass__`): the iteration
+    #: then runs eagerly, with a warning that names the operation (tested)
     traceable = True
     #: bytes this process sent to the others in the tensor operations so far (none in one process): the
     #: floats actually on the wire, beside the bits the algorithm's messages are counted as
     sent_bytes = 0
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's own tensor operations (:data:`TENSOR_OPERATIONS`) check, while an iteration is
+        traced, that what they return is computed from what they were given
+        (:func:`~pyro_fed.engine.compile.follows_from`): one that is not has left torch, and the tracer
+        would replay the values it saw at every later meeting. A network that says it is
+        :attr:`traceable` and does so stops the tracing with an error naming the operation; the iteration
+        then runs eagerly (:func:`~pyro_fed.engine.compile.prepare`'s fallback, with its warning), as it
+        would had the network said ``traceable = False``."""
+        super().__init_subclass__(**kwargs)
+        for name in TENSOR_OPERATIONS:
+            if name in vars(cls):
+                setattr(cls, name, _checked_when_traced(vars(cls)[name]))
 
     def attach(self, num_clients: int, dim: int, num_chains: int = 1) -> Network:
         """Size the network for a run of ``num_chains`` chains of ``num_clients`` clients exchanging ``dim``
@@ -206,3 +239,22 @@ class Network:
                 setattr(self, name, cumulative[-1].copy())
             totals.append(cumulative)
         return tuple(totals)
+
+
+def _checked_when_traced(operation):
+    """``operation``, a tensor operation of a network, raising where an iteration is traced and what it
+    returns does not follow from its tensor arguments (see :meth:`Network.__init_subclass__`)."""
+
+    @functools.wraps(operation)
+    def checked(self, *args, **kwargs):
+        result = operation(self, *args, **kwargs)
+        if self.traceable and not follows_from(result, (*args, *kwargs.values())):
+            raise RuntimeError(
+                f"{type(self).__name__}.{operation.__name__} returned a value that the traced iteration "
+                "does not compute from its input: it left torch (through NumPy, a socket, another "
+                "framework), and the trace would replay the values of its first call at every meeting. Say "
+                "traceable = False on the network: its meetings then run eagerly, as written"
+            )
+        return result
+
+    return checked

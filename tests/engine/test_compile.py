@@ -155,3 +155,21 @@ def test_large_results_of_constants_are_computed_at_each_call_not_kept():
     kept = [getattr(simplified, n.target) for n in simplified.graph.nodes if n.op == "get_attr"]
     assert all(t.numel() <= prepare_module.FOLD_ELEMENTS or t is big for t in kept)
     assert torch.equal(simplified(torch.zeros(1)), reads(torch.zeros(1)))
+
+
+def test_follows_from_tells_a_value_that_left_torch_during_a_trace():
+    # a sum computed from the input follows from it; the same sum through NumPy and back is a constant of
+    # the trace (its first call's value), which follows from nothing; outside a trace, nothing is judged
+    seen, outside = {}, torch.ones(2)  # a tensor the trace does not follow: made before it
+
+    def function(x):
+        total = x.sum(0)
+        wired = torch.from_numpy(total.detach().numpy().copy())
+        seen["computed"] = prepare_module.follows_from(total, (x,))
+        seen["wired"] = prepare_module.follows_from((total, wired), (x,))
+        seen["unfollowed input"] = prepare_module.follows_from(wired, (outside,))
+        return total + wired
+
+    prepare_module.traced(function, (torch.ones(3, 2),))
+    assert seen == {"computed": True, "wired": False, "unfollowed input": True}
+    assert prepare_module.follows_from(torch.ones(2), (torch.ones(2),))

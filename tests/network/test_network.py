@@ -90,6 +90,12 @@ class WireNetwork(InProcessNetwork):
         return super().neighbours(graph, self._wire(agents))
 
 
+class UndeclaredWireNetwork(WireNetwork):
+    """The wire network, saying that it can be traced, which it cannot."""
+
+    traceable = True
+
+
 KERNELS = {
     "FALD": (
         lambda **kw: FaldKernel(logistic_model, NUM_CLIENTS, comm_prob=0.5, batch_size=4, **kw),
@@ -181,3 +187,17 @@ def test_a_network_that_cannot_be_traced_runs_its_meetings_eagerly_and_the_rest_
         assert modes[(False, False)] != "eager"  # the local steps, traced
     else:
         assert (False, False) not in modes  # nothing local to trace
+
+
+@pytest.mark.parametrize("name", ["FALD", "D-ULA"])
+def test_a_network_that_leaves_torch_without_saying_so_is_caught_as_it_is_traced(name):
+    # its operations return values the trace would keep as constants: the tracing stops at the first one,
+    # naming it, and the iterations that meet run eagerly, as they would had it said traceable = False:
+    # the in-process network's eager draws, to float64 rounding (off by 2 before this check)
+    expected, _ = draws(name, gradient_mode="eager", step_size=None)
+    message = r"UndeclaredWireNetwork\.\w+ returned a value that the traced iteration does not compute"
+    with pytest.warns(UserWarning, match=message + r".*traceable = False"):
+        wired, kernel = draws(name, UndeclaredWireNetwork(), step_size=None)
+    torch.testing.assert_close(wired, expected, rtol=1e-9, atol=1e-9)
+    modes = {variant: prepared.mode for (variant, *_), prepared in kernel.runner.engine()._prepared.items()}
+    assert modes[(False, True)] == "eager"
