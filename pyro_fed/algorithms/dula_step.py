@@ -57,7 +57,7 @@ def consensus_analysis(
     step: float,
     curvatures: torch.Tensor,
     gradients: torch.Tensor,
-    laplacian: torch.Tensor,
+    graph,
     consensus_size: float,
     *,
     variance_target: float,
@@ -95,9 +95,10 @@ def consensus_analysis(
 
     :param curvatures: :math:`c`, ``[n, d]``.
     :param gradients: :math:`g`, ``[n, d]``.
-    :param laplacian: :math:`L`, ``[n, n]``.
+    :param graph: the agents' :class:`~pyro_fed.network.graphs.Graph` (its Laplacian :math:`L`).
     :param consensus_size: :math:`\beta`.
-    :param exchanges: :math:`K`, the exchanges per step: :math:`\beta L` becomes :math:`I - (I - \beta L)^K`.
+    :param exchanges: :math:`K`, the exchanges per step: :math:`\beta L` becomes :math:`I - (I - \beta L)^K`
+        (:meth:`~pyro_fed.network.graphs.Graph.contraction`).
     """
     n = curvatures.shape[0]
     if n > CONSENSUS_AGENTS:
@@ -114,9 +115,9 @@ def consensus_analysis(
     chosen = spread.argsort(descending=True)[:CONSENSUS_COORDINATES]
     c, g = c[chosen], g[chosen, :, None]
     eye = torch.eye(n, dtype=dtype, device=host)
-    mixing = consensus_size * laplacian.to(host, dtype)
-    if exchanges > 1:  # what K exchanges contract: I - (I - beta L)^K
-        mixing = eye - torch.linalg.matrix_power(eye - mixing, exchanges)
+    # what the exchanges contract, I - (I - beta L)^K, from the graph's eigenbasis
+    vectors = graph.eigenbasis[1].to(host, dtype)
+    mixing = (vectors * graph.contraction(consensus_size, exchanges).to(host, dtype)) @ vectors.T
     ones = torch.ones(n, 1, dtype=dtype, device=host)
     alpha, last = step, ConsensusAnalysis(step, False, math.inf, math.inf, -1)
     for _ in range(CONSENSUS_SHRINKS):
@@ -168,9 +169,9 @@ def disagreement(
 
     :param graph: a :class:`~pyro_fed.network.graphs.Graph`: its Laplacian's eigenbasis, computed once.
     """
-    eigenvalues, vectors = graph.eigenbasis
-    rho = (1.0 - consensus_size * eigenvalues[1:]) ** exchanges - step
-    variance = 2 * step * len(eigenvalues) / (1 - rho.square()).clamp_min(1e-12)
+    vectors = graph.eigenbasis[1]
+    rho = 1.0 - graph.contraction(consensus_size, exchanges)[1:] - step
+    variance = 2 * step * graph.num_agents / (1 - rho.square()).clamp_min(1e-12)
     modes = torch.randn(num_draws, len(rho), dim, generator=generator, dtype=torch.float64, device="cpu")
     return vectors[:, 1:] @ (variance.sqrt()[:, None] * modes)
 
@@ -199,7 +200,7 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
         chosen.step_size,
         shares,
         gradients,
-        graph.laplacian,
+        graph,
         consensus_size,
         variance_target=adaptation.VARIANCE_TARGET,
         mean_target=CONSENSUS_MEAN_TARGET,
@@ -211,7 +212,10 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
     thinning = chosen.thinning
     if run.thinning is None:
         thinning = adaptation.thinning_for(step, chosen.slowest)
+    # "this ring", "this complete graph", "this graph" (one given as a matrix)
     name = settings.graph if isinstance(settings.graph, str) else "graph"
+    if name not in ("ring", "path", "star", "graph"):
+        name = f"{name.replace('_', '-')} graph"
     report = step_problem(name, graph, chosen, consensus, drift, step, thinning, shares, run)
     if report is not None:
         warnings.warn(f"pyro_fed: {report}.", stacklevel=2)
@@ -365,9 +369,7 @@ def data_pulls(
     network.record_averages(1, shared=True)
     preconditioner = chosen.preconditioner.to(gradients)
     scaled = gradients @ preconditioner if preconditioner.dim() == 2 else gradients * preconditioner
-    eigenvalues, vectors = torch.linalg.eigh(consensus_size * graph.laplacian.to(torch.float64))
-    if exchanges > 1:  # what K exchanges contract
-        eigenvalues = 1 - (1 - eigenvalues) ** exchanges
+    eigenvalues, vectors = graph.contraction(consensus_size, exchanges), graph.eigenbasis[1]
     inverse = torch.where(eigenvalues > 1e-9 * eigenvalues.max(), 1 / eigenvalues, eigenvalues.new_zeros(()))
     spread = (vectors * inverse) @ vectors.T  # (beta L)^+, or (I - (I - beta L)^K)^+
     held = network.held(network.num_clients)

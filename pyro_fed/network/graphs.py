@@ -72,6 +72,14 @@ class Graph:
         """The Laplacian's eigenvalues, ascending, and its eigenvectors as columns (float64)."""
         return torch.linalg.eigh(self.laplacian)
 
+    def contraction(self, consensus_size: float, exchanges: int = 1) -> torch.Tensor:
+        r"""What ``exchanges`` rounds :math:`K` of mixing with the consensus step :math:`\beta` remove of the
+        agents' disagreement along each of the Laplacian's eigenvectors (:attr:`eigenbasis`' order):
+        :math:`1 - (1 - \beta\lambda)^K`, ``[n]`` (float64; :math:`\beta\lambda` for one round). The
+        matrix :math:`I - (I - \beta L)^K` has these eigenvalues on the same eigenvectors."""
+        scaled = consensus_size * self.eigenbasis[0]
+        return scaled if exchanges == 1 else 1 - (1 - scaled) ** exchanges
+
     @property
     def lambda_max(self) -> float:
         """The largest eigenvalue of the Laplacian (0 for a single agent)."""

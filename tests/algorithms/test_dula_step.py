@@ -10,7 +10,7 @@ from pyro_fed.network.graphs import make_graph
 
 
 def test_the_consensus_step_is_ulas_for_identical_agents_and_shrinks_with_heterogeneity():
-    ring = make_graph("ring", 8).laplacian
+    ring = make_graph("ring", 8)
     same = torch.full((8, 3), 1 / 8)
     # identical agents: the average is ULA whatever the disagreement; 0.18 keeps its variance within 10%
     assert (
@@ -38,7 +38,8 @@ def test_the_consensus_analysis_measures_from_the_models_mode_not_from_where_the
     # (summing to zero). At a point delta posterior sds off the mode in a coordinate, the agents' gradients
     # are g_i + c_i delta: the same agents, the same step. Measured from that point, a delta beyond the mean
     # target (0.1 sds) was met by no step: the step shrank 60 times, to 1e-6 of the warm-up's
-    ring, beta = make_graph("ring", 8).laplacian, 1 / make_graph("ring", 8).lambda_max
+    ring = make_graph("ring", 8)
+    beta = 1 / ring.lambda_max
     generator = torch.Generator().manual_seed(0)
     shares = torch.rand(8, 3, generator=generator) + 0.1
     shares = shares / shares.sum(0)
