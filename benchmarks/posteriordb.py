@@ -19,7 +19,8 @@ Each posterior is sampled, in one run, by
   clients): FALD, VR-FALD⋆, QLSD (``QlsdKernel(model, 10)``: its defaults are no quantisation and no
   control variate, LSD in the paper's terms), QLSD++ (``control_variate="svrg"``), D-ULA (its default
   ring); with ``--kernels``, also SGLD (``SgldKernel(model)``, one client, the pooled data) and D-ULA on the
-  complete graph (``"D-ULA complete"``: how much of D-ULA's speed its default ring costs);
+  complete graph (``"D-ULA complete"``: how much of D-ULA's speed its default ring costs) and on the ring
+  with three exchanges per step (``"D-ULA 3 rounds"``, ``consensus_rounds=3``: what three times the bits buy);
 - Pyro's ``NUTS`` on the pooled data, with a dense mass matrix (``full_mass=True``: the kernels' default
   preconditioner is dense where correlations would slow them more than 4×, so a diagonal NUTS would be the
   easier reference; several of these posteriors correlate their intercept and slope beyond 0.99), its
@@ -108,6 +109,8 @@ KERNELS: dict[str, Callable] = {
     "D-ULA": lambda model, clients: pyro_fed.DulaKernel(model, clients),
     # D-ULA on the graph that mixes in one exchange: how much of its speed its default ring costs
     "D-ULA complete": lambda model, clients: pyro_fed.DulaKernel(model, clients, graph="complete"),
+    # the ring with three exchanges per step: what three times the bits per iteration buy
+    "D-ULA 3 rounds": lambda model, clients: pyro_fed.DulaKernel(model, clients, consensus_rounds=3),
     "SGLD": lambda model, clients: pyro_fed.SgldKernel(model),
 }
 SAMPLERS = (*KERNELS, "NUTS")
