@@ -246,11 +246,21 @@ def named_arguments(model: Callable, args: tuple, kwargs: dict) -> list[tuple[st
     items = []
     for name, value in named:
         items.append((name, value))
-        if isinstance(value, list | tuple):
+        if isinstance(value, list | tuple) and not _numbers(value):
             items += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, dict):
             items += [(f"{name}[{k!r}]", v) for k, v in value.items()]
     return items
+
+
+def _numbers(value) -> bool:
+    """Whether ``value`` is a non-empty list or tuple of Python numbers, or of such lists: data written as
+    lists, where the model needs a tensor."""
+    return (
+        isinstance(value, list | tuple)
+        and len(value) > 0
+        and all(isinstance(v, int | float | bool) or _numbers(v) for v in value)
+    )
 
 
 def diagnose_arguments(
@@ -262,16 +272,19 @@ def diagnose_arguments(
 ) -> list[str]:
     """What in the model's ``arguments`` (:func:`named_arguments`) the failure ``error`` of a run of the
     model points to, one sentence per argument with its fix: only what the error itself names — a NumPy
-    array (the error speaks of ``ndarray``), a dtype other than the latent values' ``dtype`` (the error speaks
-    of dtypes and names the argument's), a device other than ``device`` (the error speaks of devices), a
-    tensor shorter than a plate of ``plate_sizes`` (an index out of bounds for a dimension of the
-    argument's length)."""
+    array (the error speaks of ``ndarray``), data written as lists (it speaks of lists or indices), a dtype
+    other than the latent values' ``dtype`` (the error speaks of dtypes and names the argument's), a device
+    other than ``device`` (the error speaks of devices), a tensor shorter than a plate of ``plate_sizes``
+    (an index out of bounds for a dimension of the argument's length)."""
     text = f"{type(error).__name__}: {error}"
     causes = []
     for name, value in arguments:
         if isinstance(value, np.ndarray) and re.search("ndarray|numpy", text):
             fix = f"torch.as_tensor({name}" + (f", dtype={dtype})" if value.dtype.kind == "f" else ")")
             causes.append(f"{name} is a numpy.ndarray ({value.dtype}): pass {fix}")
+        if _numbers(value) and re.search("index|list|tuple", text):
+            # e.g. a list indexed by the plate's index tensor: "only integer tensors ... to an index"
+            causes.append(f"{name} is a {type(value).__name__}: pass torch.as_tensor({name})")
         if not isinstance(value, torch.Tensor):
             continue
         if value.dtype != dtype and re.search("dtype|scalar type", text) and _names_dtype(text, value.dtype):
@@ -558,6 +571,14 @@ class ModelSites:
             ) from error
         for name in self.likelihood_sites:
             fn, value = trace.nodes[name]["fn"], trace.nodes[name]["value"]
+            if not torch.is_tensor(value):  # Pyro records what it was given (a NumPy array, a list)
+                kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+                error = TypeError(f"observed site {name!r} has a value of type {kind}, not a tensor")
+                self._diagnose(error, trace, f"at its observed site {name!r}")
+                raise ValueError(
+                    f"Observed site {name!r} has a value of type {kind}: pass the model's data as torch "
+                    "tensors (`torch.as_tensor(data)`)."
+                ) from error
             value_batch = value.shape[: value.dim() - len(fn.event_shape)]
             if not all(
                 len(s) >= -self.plate_dim and s[self.plate_dim] == n for s in (fn.batch_shape, value_batch)

@@ -48,6 +48,22 @@ def test_numpy_arguments_are_named_with_the_conversion(which):
     refused(logistic_model, args, match)
 
 
+def test_data_indexed_by_the_plate_as_numpy_arrays_or_lists_are_named():
+    # NumPy arrays indexed by the plate's index tensor run (the observed value stays an ndarray), and
+    # failed later in a raw AttributeError ("'numpy.ndarray' object has no attribute 'dim'", Pyro's NUTS
+    # too); lists fail when indexed, in a TypeError that names no argument
+    def model(x, y):
+        slope = pyro.sample("slope", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("y", dist.Bernoulli(logits=slope * x[idx]), obs=y[idx])  # a tensor times an ndarray
+
+    x, y = labelled()
+    match = r"observed site 'y' has a value of type numpy.ndarray.*x is a numpy.ndarray \(float64\)"
+    refused(model, (x[:, 0].numpy(), y.numpy()), match + r".*y is a numpy.ndarray")
+    match = r"x is a list: pass torch.as_tensor\(x\); y is a list: pass torch.as_tensor\(y\)"
+    refused(indexed_logistic, (x.tolist(), y.tolist()), match)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.float32])
 def test_features_of_another_dtype_than_the_latent_values_are_named(dtype):
     x, y = labelled()
