@@ -25,6 +25,7 @@ algorithms*, AISTATS 2023, Section 2.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -113,6 +114,7 @@ class FederatedPotential:
         #: every client's data size in the global client order, wherever the clients are held (the held
         #: clients' are ``client_sizes``)
         self.all_client_sizes = self.network.gather(self.client_sizes, -1)
+        self._check_parameters_alike()
         held = self.network.held(len(self.all_client_sizes))
         self.prior_weights = make_prior_weights(prior_weights, self.all_client_sizes, self.dtype)[held]
         # each datum's client, in the global client order (-1: held elsewhere), for the data checks
@@ -135,6 +137,40 @@ class FederatedPotential:
         #: the raw full local gradients, each datum evaluated once, untraced: see
         #: :meth:`pyro_fed.model.gradients.ClientGradients.full_gradient_fn`
         self.full_gradient_fn = self.gradients.full_gradient_fn
+
+    def _check_parameters_alike(self) -> None:
+        """Where the clients are held in several processes, each runs the model on the data it holds: a global
+        latent site that the model sizes from them (a parameter per datum or per group of the data plate, as
+        eight schools' effects from ``len(y)``) is then another parameter in each process, and the sum of
+        their potentials a wrong posterior, without a word. Refused where the latent sites' shapes differ
+        between the processes; warned where they agree but a site has as many entries along a dimension as
+        this process holds data points, fewer than the whole data's (a parameter sized from the data the
+        processes hold in equal numbers, or a coincidence)."""
+        network = self.network
+        if not network.remote:
+            return
+        here = [[site.name, list(site.shape)] for site in self.latent_sites]
+        first = network.share(here)
+        if network.agree(first != here):  # every process refuses, none left waiting for the others
+            raise ValueError(
+                f"The model's latent sites have other shapes in the processes holding the clients: {first} "
+                f"in the first, {here} in this one. A latent site sized from the data a process holds (a "
+                "parameter per datum or per group of the data plate, as eight schools' effects from "
+                "len(y)) is another parameter in each process; size it from the whole data (pass the "
+                "number of data points or groups to the model) and read it through the plate's indices."
+            )
+        total = int(self.all_client_sizes.sum())
+        sized = [site.name for site in self.latent_sites if self.num_data in site.shape]
+        sized = sized if self.num_data != total else []
+        if sized:
+            warnings.warn(
+                f"pyro_fed: latent site(s) {sized} have a dimension of {self.num_data}, the data points this "
+                f"process holds of {total} in all: if the model sizes them from its data (a parameter per "
+                "datum or group of the data plate), each process samples another parameter and the posterior "
+                "is wrong; size them from the whole data (pass the number of data points or groups to the "
+                "model) and read them through the plate's indices.",
+                stacklevel=3,
+            )
 
     @functools.cached_property
     def full_batches(self) -> ClientBatches:
