@@ -34,8 +34,7 @@ from ..engine.compile import follows_from
 #: bits of one float on the wire
 BITS_PER_FLOAT = 32
 #: the tensor operations, which run inside a traced or compiled iteration where the network is
-#: :attr:`~Network.traceable`: a subclass's own are checked as they are traced
-#: (:meth:`Network.__init_subclass__`)
+#: :attr:`~Network.traceable`: a subclass's own are checked as they are traced (``Network.__init_subclass__``)
 TENSOR_OPERATIONS = (
     "sum",
     "sums",
@@ -81,7 +80,7 @@ class Network:
     #: iteration, runs eagerly. Say it: a tracer does not see where a tensor leaves torch (through NumPy, say)
     #: and keeps what was sent while it traced as a constant, so that every later meeting would receive the
     #: first one's values (FALD's draws were off by 2 on a logistic regression). A network that says
-    #: ``True`` and leaves torch anyway is caught as it is traced (:meth:`__init_subclass__`): the iteration
+    #: ``True`` and leaves torch anyway is caught as it is traced (``__init_subclass__``): the iteration
     #: then runs eagerly, with a warning that names the operation (tested)
     traceable = True
     #: bytes this process sent to the others in the tensor operations so far (none in one process): the
