@@ -35,6 +35,7 @@ A run under ``torchrun --nproc-per-node W script.py``, each rank loading only it
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -408,7 +409,7 @@ def shard(clients, num_data: int, network: Network) -> tuple[torch.LongTensor, l
 
     :param clients: the global assignment of the ``num_data`` points to the ``b`` clients, in any form that
         :func:`~pyro_fed.data.partition.to_index_lists` accepts (client ids ``[N]``, ``b`` index tensors, a
-        number of i.i.d. clients); the same on every rank.
+        number of i.i.d. clients); the same on every rank (checked: a different one is refused on every rank).
     :param int num_data: ``N``, the points of the whole data plate.
     :param network: the network that says which clients are held here
         (:meth:`~pyro_fed.network.base.Network.held`).
@@ -426,10 +427,30 @@ def shard(clients, num_data: int, network: Network) -> tuple[torch.LongTensor, l
     """
     _check_shard_arguments(clients, num_data, network)
     parts = to_index_lists(clients, num_data)
+    _check_same_assignment(parts, num_data, network)
     held = parts[network.held(len(parts))]
     rows = torch.cat(held).sort().values
     # each held point's position among the loaded rows: rows is sorted and holds every held index
     return rows, [torch.searchsorted(rows, part) for part in held]
+
+
+def _check_same_assignment(parts: list[torch.LongTensor], num_data: int, network: Network) -> None:
+    """Every process passed :func:`shard` the same assignment of the same ``num_data`` points, else every
+    one raises a ``ValueError``: one drawn with another seed in some process would load some points in two
+    processes and others in none, a posterior of other data, without a word. Compared by a digest (one
+    small broadcast)."""
+    digest = hashlib.sha256(str(int(num_data)).encode())
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    here = digest.hexdigest()
+    if network.agree(network.share(here) != here):
+        raise ValueError(
+            "shard: the processes passed different assignments of the data points to the clients (or "
+            "different numbers of points): each would load rows the others do not expect, some points twice "
+            "and others never. Compute the assignment alike in every process (the same seed for a random "
+            "split, or load a saved one) and pass it whole, with the whole data's number of points."
+        )
 
 
 def _check_shard_arguments(clients, num_data, network) -> None:

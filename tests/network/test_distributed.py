@@ -475,3 +475,23 @@ def test_join_outside_torchrun_names_what_is_missing(monkeypatch, unset, named):
 def test_shard_with_its_arguments_out_of_order_says_so(arguments, match):
     with pytest.raises(ValueError, match=match):
         shard(*arguments)
+
+
+def test_shard_refuses_assignments_that_differ_between_the_ranks():
+    # a random split drawn with another seed in one process (or another number of points) would load some
+    # points twice and others never: every rank refuses it, none left waiting; the same split passes
+    def run(rank, world_size, network):
+        said = {}
+        for name, (seed, num_data) in {"seed": (rank, 23), "points": (1, 23 + rank), "same": (1, 23)}.items():
+            try:
+                rows, _ = shard(iid(num_data, CLIENTS, seed=seed), num_data, network)
+                said[name] = rows.tolist()
+            except ValueError as error:
+                said[name] = str(error)
+        return said
+
+    ranks = run_forked(run, 2, timeout_seconds=120)
+    for said in ranks:
+        assert "the processes passed different assignments" in said["seed"]
+        assert "the processes passed different assignments" in said["points"]
+    assert sorted(ranks[0]["same"] + ranks[1]["same"]) == list(range(23))
