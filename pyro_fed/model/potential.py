@@ -25,6 +25,7 @@ algorithms*, AISTATS 2023, Section 2.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -114,7 +115,6 @@ class FederatedPotential:
         #: every client's data size in the global client order, wherever the clients are held (the held
         #: clients' are ``client_sizes``)
         self.all_client_sizes = self.network.gather(self.client_sizes, -1)
-        self._check_parameters_alike()
         held = self.network.held(len(self.all_client_sizes))
         self.prior_weights = make_prior_weights(prior_weights, self.all_client_sizes, self.dtype)[held]
         # each datum's client, in the global client order (-1: held elsewhere), for the data checks
@@ -130,6 +130,7 @@ class FederatedPotential:
         if not self.gradients.vectorized:
             # a trace would freeze the branches the model took at the traced point: run it as written
             self.gradient_mode = "eager"
+        self._check_same_model()
         self._prepared: dict[tuple, Prepared] = {}
         #: the raw batched minibatch gradient, untraced (a pure tensor function, to trace inside larger
         #: functions): see :meth:`pyro_fed.model.gradients.ClientGradients.gradient_fn`
@@ -138,12 +139,13 @@ class FederatedPotential:
         #: :meth:`pyro_fed.model.gradients.ClientGradients.full_gradient_fn`
         self.full_gradient_fn = self.gradients.full_gradient_fn
 
-    def _check_parameters_alike(self) -> None:
+    def _check_same_model(self) -> None:
         """Where the clients are held in several processes, each runs the model on the data it holds: a global
         latent site that the model sizes from them (a parameter per datum or per group of the data plate, as
         eight schools' effects from ``len(y)``) is then another parameter in each process, and the sum of
-        their potentials a wrong posterior, without a word. Refused where the latent sites' shapes differ
-        between the processes; warned where they agree but a site has as many entries along a dimension as
+        their potentials a wrong posterior, without a word; so is a prior computed from them (a scale from
+        ``y.std()``). Refused where the latent sites' shapes differ between the processes, or the prior's
+        potential at two points; warned where they agree but a site has as many entries along a dimension as
         this process holds data points, fewer than the whole data's (a parameter sized from the data the
         processes hold in equal numbers, or a coincidence)."""
         network = self.network
@@ -158,6 +160,26 @@ class FederatedPotential:
                 "parameter per datum or per group of the data plate, as eight schools' effects from "
                 "len(y)) is another parameter in each process; size it from the whole data (pass the "
                 "number of data points or groups to the model) and read it through the plate's indices."
+            )
+        # the prior (with the transforms' Jacobian) at two points of the unconstrained space: the client
+        # potential with no datum (weight 0) and the whole prior
+        points = torch.stack([torch.zeros(self.dim), torch.full((self.dim,), 0.5)])
+        points = points.to(self.device, self.dtype)
+        index = torch.zeros(2, 1, dtype=torch.long, device=self.device)
+        weights = points.new_ones(2)
+        try:
+            prior = self.gradients.potential_fn(points, index, points.new_zeros(2, 1), weights).double().cpu()
+        except Exception:  # a model that cannot be run there: nothing to compare, but every process meets
+            prior = torch.full((2,), math.nan, dtype=torch.float64)
+        first = network.share(prior)
+        compared = bool(prior.isfinite().all()) and bool(first.isfinite().all())
+        if network.agree(compared and not torch.allclose(first, prior, rtol=1e-5, atol=1e-6)):
+            raise ValueError(
+                f"The model's prior differs between the processes holding the clients: its potential at the "
+                f"same two points is {first.tolist()} in the first, {prior.tolist()} in this one. A prior "
+                "computed from the data a process holds (a scale from y.std(), as rstanarm's autoscaled "
+                "priors) is another prior in each process; compute it from the whole data and pass it to the "
+                "model alike in every process."
             )
         total = int(self.all_client_sizes.sum())
         sized = [site.name for site in self.latent_sites if self.num_data in site.shape]

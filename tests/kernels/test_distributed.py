@@ -507,17 +507,18 @@ def test_hierarchical_effects_over_two_ranks_refused_alike_centred_and_sampled_a
         torch.testing.assert_close(draws, expected, rtol=0, atol=1e-10)
 
 
-def test_a_parameter_sized_from_the_data_a_rank_holds_is_refused_or_named():
+def test_a_parameter_or_prior_made_from_the_data_a_rank_holds_is_refused_or_named():
     # eight schools as first written, its effects sized from len(y) and read by the data's own positions:
     # over ranks, each process would sample effects of its own schools under the same name, summed into a
     # wrong posterior without a word. Three ranks holding 3, 3 and 2 schools: the shapes differ, every rank
     # refuses it alike; two ranks of 4 schools each: the shapes agree, and the site is named with the fix.
-    # Sized from the whole data (J given) and read by each datum's school: nothing is said
+    # Sized from the whole data (J given) and read by each datum's school: nothing is said, unless the prior
+    # of mu is scaled by the data each rank holds (rstanarm's autoscaling, 2.5 sd(y)): refused alike
     y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
     sigma = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
 
-    def schools(school, y, sigma, J):
-        mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    def schools(school, y, sigma, J, prior_scale):
+        mu = pyro.sample("mu", dist.Normal(0.0, prior_scale))
         tau = pyro.sample("tau", dist.HalfCauchy(5.0))
         theta = pyro.sample("theta", dist.Normal(0.0, 1.0).expand([J]).to_event(1))
         with pyro.plate("schools", len(y)) as idx:
@@ -526,13 +527,17 @@ def test_a_parameter_sized_from_the_data_a_rank_holds_is_refused_or_named():
     def run(rank, world_size, network):
         rows, clients = shard(8, 8, network)
         said = {}
-        for name, data in {"local": (torch.arange(len(rows)), len(rows)), "whole": (rows, 8)}.items():
+        for name, data in {
+            "local": (torch.arange(len(rows)), len(rows), 5.0),
+            "whole": (rows, 8, 5.0),
+            "autoscaled": (rows, 8, float(2.5 * y[rows].std())),
+        }.items():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
                     kernel = FaldKernel(schools, clients, network=network, step_size=0.01)
                     MCMC(kernel, num_samples=2, warmup_steps=2, disable_progbar=True).run(
-                        data[0], y[rows], sigma[rows], data[1]
+                        data[0], y[rows], sigma[rows], *data[1:]
                     )
                     said[name] = [str(w.message) for w in caught if "latent site" in str(w.message)]
                 except ValueError as error:
@@ -542,7 +547,9 @@ def test_a_parameter_sized_from_the_data_a_rank_holds_is_refused_or_named():
     three = run_forked(run, 3, timeout_seconds=300)
     assert all("have other shapes in the processes" in said["local"] for said in three)
     assert all(said["whole"] == [] for said in three)
+    assert all("The model's prior differs between the processes" in said["autoscaled"] for said in three)
     two = run_forked(run, 2, timeout_seconds=300)
     for said in two:
         assert len(said["local"]) == 1 and "['theta'] have a dimension of 4" in said["local"][0]
         assert "of 8 in all" in said["local"][0] and said["whole"] == []
+        assert "The model's prior differs between the processes" in said["autoscaled"]
