@@ -133,7 +133,8 @@ class Dula(Algorithm):
         the run's agents (:meth:`resolve`).
     :param float consensus_size: :math:`b`, the consensus step :math:`\\beta_0` (``None``: the fastest
         contraction of the agents' disagreement, :math:`2 / (\\lambda_2 + \\lambda_{\\max})`
-        (:meth:`consensus_for`), resolved for the run).
+        (:meth:`consensus_for`), resolved for the run; one at least :math:`2 / \\lambda_{\\max}`, where the
+        exchange expands the agents' disagreement, is refused).
     :param str schedule: ``"constant"`` or ``"decaying"`` (the paper's): the automatic constant step is cut
         for the agents' disagreement (:mod:`pyro_fed.algorithms.dula_step`), the decaying one is not.
     :param float step_decay: :math:`\\delta_2` (0: a constant step).
@@ -180,6 +181,17 @@ class Dula(Algorithm):
         that the agents' own data pull them to (:func:`~pyro_fed.algorithms.dula_step.data_pulls`), and
         allows a step about as many times larger."""
         if self.consensus_size is not None:
+            beta, largest = self.consensus_size, graph.lambda_max
+            if beta * largest >= 2 - 1e-9:  # at 2, the alternating disagreement never decays
+                raise ValueError(
+                    f"consensus_size={beta:g} makes the agents' exchange diverge on this graph of "
+                    f"{graph.num_agents} agents: along the Laplacian's eigenvector of its largest eigenvalue "
+                    f"({largest:.4g}) one exchange multiplies their disagreement by 1 - beta lambda = "
+                    f"{1 - beta * largest:.3g}, which never contracts it. Pass a consensus_size below "
+                    f"2 / lambda_max = {2 / largest:.4g} (the paper's is 1.01 / lambda_max), or leave it "
+                    "out: the automatic one, 2 / (lambda_2 + lambda_max) = "
+                    f"{2 / (graph.spectral_gap + largest):.4g}, contracts it fastest."
+                )
             return self.consensus_size
         total = graph.spectral_gap + graph.lambda_max
         return 2.0 / total if total > 0 else 0.0

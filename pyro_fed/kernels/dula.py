@@ -53,7 +53,8 @@ class DulaKernel(FederatedKernel):
     :param float consensus_size: :math:`b` (default :math:`2 / (\lambda_2 + \lambda_{\max})`, with
         :math:`\lambda_2` and :math:`\lambda_{\max}` the Laplacian's smallest non-zero and largest
         eigenvalues: the step that contracts the agents' disagreement fastest, :math:`1 / n` on a complete
-        graph; the paper's experiments use :math:`1.01 / \lambda_{\max}`).
+        graph; the paper's experiments use :math:`1.01 / \lambda_{\max}`). One of at least :math:`2 /
+        \lambda_{\max}`, at which the exchange expands the agents' disagreement, is refused.
     :param int consensus_rounds: :math:`K`, rounds of neighbour exchange per iteration (default 1, the
         paper's): the agents mix by :math:`(I - \beta_k L)^K` before each step, at :math:`K` times the bits
         and no more gradients. On a slowly mixing graph (a ring) their disagreement then decays :math:`K`

@@ -7,6 +7,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from pyro.infer import MCMC
 
 import pyro_fed
 from pyro_fed import DulaKernel, SgldKernel, testing
@@ -17,7 +18,7 @@ from pyro_fed.network.in_process import InProcessNetwork
 from pyro_fed.testing import batch_means_standard_error, regression_clients
 
 from ..algorithms.test_adaptation import NOISE_SD, anisotropic_problem, run
-from ..models import gaussian_regression, logistic_model, regression_data, scaled_regression
+from ..models import gaussian_regression, logistic_data, logistic_model, regression_data, scaled_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
 
@@ -67,7 +68,25 @@ def test_the_default_consensus_step_contracts_the_disagreement_fastest(name):
         assert beta == pytest.approx(0.1)
         mixed = torch.eye(10, dtype=torch.float64) - beta * graph.laplacian
         torch.testing.assert_close(mixed, torch.full((10, 10), 0.1, dtype=torch.float64))
-    assert dula.Dula(consensus_size=0.3).consensus_for(graph) == 0.3
+    assert dula.Dula(consensus_size=0.15).consensus_for(graph) == 0.15
+
+
+def test_a_consensus_step_at_which_the_exchange_diverges_is_refused_before_the_run():
+    # on a ring of 6 agents (lambda_max = 4), beta = 0.5 multiplies the alternating disagreement by -1 at
+    # every exchange, 1.0 by -3: the agents' iterates ran off (draws of 1e4 to 1e5 on a unit-scale
+    # posterior) and the warnings blamed the step_size; refused at set-up, naming the bound
+    data = logistic_data(num_data=30)
+
+    def sample(beta):
+        kernel = DulaKernel(logistic_model, 6, consensus_size=beta, step_size=1e-3)
+        MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True).run(*data)
+
+    for beta in (0.5, 1.0):
+        with pytest.raises(
+            ValueError, match=r"consensus_size=.* makes the agents' exchange diverge .* below 2 "
+        ):
+            sample(beta)
+    sample(0.49)
 
 
 def test_mixing_is_simultaneous():
