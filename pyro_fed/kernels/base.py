@@ -354,6 +354,7 @@ class FederatedKernel(MCMCKernel):
         network = self._network or self._in_process
         network.new_run()
         self.potential = pot = self.build_potential(*args, network=network, **kwargs)
+        self._check_same_settings(network, warmup_steps)
         check_batch_size_fits(self.batch_size, pot.all_client_sizes)
         num_chains = self.plan.num_chains
         seed, adaptation_seed, saved = self._seeds(network, warmup_steps, args, kwargs)
@@ -402,6 +403,26 @@ class FederatedKernel(MCMCKernel):
             self._checkpoint_interval = 1
         else:  # about ten checkpoints over the run
             self._checkpoint_interval = max(1, math.ceil(self._iterations_needed // thinning / 10))
+
+    def _check_same_settings(self, network: Network, warmup_steps: int) -> None:
+        """Where the clients are held in several processes, every one must run the same kernel with the
+        same settings (:func:`~pyro_fed.kernels.checkpoint.run_settings`, its own clients aside): another
+        step size in one process made its clients step with it, a hybrid of two runs without a word, and
+        another ``comm_prob`` or kernel left the processes in different collectives until one aborted.
+        Refused in every process, naming the settings that differ from the first process's."""
+        if not network.remote:
+            return
+        here = checkpoints.run_settings(self, warmup_steps, clients=False)
+        first = network.share(here)
+        fields = checkpoints.differences(first, here)
+        if network.agree(bool(fields)):
+            shown = "; ".join(f"{f}: {first.get(f)!r} in the first, {here.get(f)!r} here" for f in fields)
+            raise ValueError(
+                "the processes holding the clients were given different kernels or settings: every one must "
+                "build the same kernel with the same arguments (but its own clients), and call run with the "
+                "same num_chains, num_samples and warmup_steps; "
+                + (f"they differ in {shown}." if fields else "another process's differ from the first's.")
+            )
 
     def _seeds(self, network: Network, warmup_steps: int, args, kwargs) -> tuple[int, int, dict | None]:
         """The run's seed and the warm-up's, and the checkpoint it resumes (``None``: a new run): drawn from

@@ -162,21 +162,29 @@ def kernel_settings(kernel_type: type, args: tuple, kwargs: dict) -> dict:
     return {name: value for name, value in settings.items() if name not in NOT_SETTINGS}
 
 
-def fingerprint(kernel, warmup_steps: int, args: tuple, kwargs: dict) -> dict:
-    """What must be equal for a run to resume another: the kernel's class and constructor arguments (its
-    settings, the model by name, the clients), the number of chains, ``num_samples``, ``warmup_steps``, the
-    user's initial values, the model's arguments (shapes, dtypes, content hashes), the clients' sizes and
-    the data rows of the clients held here, the dtype and the device type. A dictionary of JSON values;
-    read from a kernel after its potential is built (nothing is changed)."""
-    pot = kernel.potential
+def run_settings(kernel, warmup_steps: int, *, clients: bool = True) -> dict:
+    """The kernel's class and constructor arguments (its settings, the model by name, and unless not
+    ``clients`` the clients), the number of chains, ``num_samples`` and ``warmup_steps``: what every
+    process holding some of the clients must be given alike (where each passes its own clients). A
+    dictionary of JSON values."""
     constructor_args, constructor_kwargs = getattr(kernel, "_arguments", ((), {}))
     settings = kernel_settings(type(kernel), constructor_args, constructor_kwargs)
     found = {"kernel": describe(type(kernel))}
-    found.update({name: describe(value) for name, value in settings.items()})
+    found.update({name: describe(value) for name, value in settings.items() if clients or name != "clients"})
     found.update(
-        num_chains=kernel.plan.num_chains,
-        num_samples=kernel.plan.num_samples,
-        warmup_steps=int(warmup_steps),
+        num_chains=kernel.plan.num_chains, num_samples=kernel.plan.num_samples, warmup_steps=int(warmup_steps)
+    )
+    return found
+
+
+def fingerprint(kernel, warmup_steps: int, args: tuple, kwargs: dict) -> dict:
+    """What must be equal for a run to resume another: :func:`run_settings`, the user's initial values,
+    the model's arguments (shapes, dtypes, content hashes), the clients' sizes and the data rows of the
+    clients held here, the dtype and the device type. A dictionary of JSON values; read from a kernel after
+    its potential is built (nothing is changed)."""
+    pot = kernel.potential
+    found = run_settings(kernel, warmup_steps)
+    found.update(
         initial_params=describe(kernel.plan.initial_params),
         user_initial_params=describe(kernel._user_initial_params),
     )

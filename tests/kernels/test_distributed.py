@@ -553,3 +553,32 @@ def test_a_parameter_or_prior_made_from_the_data_a_rank_holds_is_refused_or_name
         assert len(said["local"]) == 1 and "['theta'] have a dimension of 4" in said["local"][0]
         assert "of 8 in all" in said["local"][0] and said["whole"] == []
         assert "The model's prior differs between the processes" in said["autoscaled"]
+
+
+def test_ranks_given_different_kernels_or_settings_refuse_alike_before_any_iteration():
+    # another step size in one process made its clients step with it (a hybrid of two runs, with no word);
+    # another comm_prob or kernel left the processes in different collectives until one aborted: now every
+    # rank refuses at set-up, the others naming what differs from the first's
+    x, y = logistic_data(num_data=NUM_DATA, dim=3)
+
+    def run(rank, world_size, network):
+        rows, clients = shard(NUM_CLIENTS, NUM_DATA, network)
+        said = {}
+        for name, make in {
+            "step": lambda: FaldKernel(logistic_model, clients, network=network, step_size=0.01 * (1 + rank)),
+            "kernel": lambda: (FaldKernel if rank == 0 else QlsdKernel)(
+                logistic_model, clients, network=network, step_size=0.01
+            ),
+        }.items():
+            try:
+                MCMC(make(), num_samples=4, warmup_steps=2, disable_progbar=True).run(x[rows], y[rows])
+                said[name] = "ran"
+            except ValueError as error:
+                said[name] = str(error)
+        return said
+
+    first, second = run_forked(run, 2, timeout_seconds=120)
+    for said in (first, second):
+        assert all("were given different kernels or settings" in message for message in said.values())
+    assert "step_size: 0.01 in the first, 0.02 here" in second["step"]
+    assert "kernel: 'pyro_fed.kernels.fald.FaldKernel' in the first" in second["kernel"]
