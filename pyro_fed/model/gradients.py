@@ -179,14 +179,25 @@ class ClientGradients:
         return lambda *rows: torch.stack([function(*row) for row in zip(*rows, strict=True)])
 
     def check_vectorizable(self, point: torch.Tensor) -> None:
-        """Try the vectorised gradient on two evaluations at ``point``; where :func:`torch.func.vmap` cannot
-        batch the model, switch to one evaluation at a time and say why and what it costs."""
+        """Try the gradient on one evaluation at ``point`` (a model that cannot be differentiated, computing
+        with a NumPy copy of a parameter, is refused), then vectorised on two; where :func:`torch.func.vmap`
+        cannot batch the model, switch to one evaluation at a time and say why and what it costs."""
         indices = self._block_index[:1, :1].expand(2, 1)
+        ones = torch.ones(2, 1, dtype=point.dtype, device=point.device)
+        try:  # one evaluation first: a model that cannot be differentiated at all is refused
+            torch.func.grad(self.client_potential)(point, indices[0], ones[0], ones[0, 0])
+        except RuntimeError as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(
+                f"The model's gradient cannot be taken (torch.func.grad: {reason}). A model that computes "
+                "with a parameter's value outside torch (a NumPy array of it, or a .detach()ed copy) cannot "
+                "be differentiated, by any gradient-based sampler: write those steps with torch operations."
+            ) from error
         try:
             torch.func.vmap(torch.func.grad(self.client_potential))(
                 point.expand(2, -1),
                 indices,
-                torch.ones(2, 1, dtype=point.dtype, device=point.device),
+                ones,
                 torch.zeros(2, dtype=point.dtype, device=point.device),
             )
         except RuntimeError as error:

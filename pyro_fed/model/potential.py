@@ -46,6 +46,11 @@ from .unconstrained import LatentSite, UnconstrainedSpace
 __all__ = ["FederatedPotential"]
 
 
+#: the latent sites whose gradient the set-up compares with the potential's differences, at most (see
+#: ``FederatedPotential._check_gradient``)
+GRADIENT_CHECK_SITES = 16
+
+
 class FederatedPotential:
     """The potential of a Pyro model split into client potentials, with batched gradients.
 
@@ -132,6 +137,8 @@ class FederatedPotential:
             self.gradient_mode = "eager"
         self._check_same_model()
         self._prepared: dict[tuple, Prepared] = {}
+        #: whether :meth:`check_initial_points` has compared the gradient with the potential's differences
+        self._gradient_checked = False
         #: the raw batched minibatch gradient, untraced (a pure tensor function, to trace inside larger
         #: functions): see :meth:`pyro_fed.model.gradients.ClientGradients.gradient_fn`
         self.gradient_fn = self.gradients.gradient_fn
@@ -373,12 +380,69 @@ class FederatedPotential:
             points = points.expand(self.num_clients, self.dim)
         return points.reshape(-1, self.num_clients, self.dim).contiguous(), points.shape
 
+    def _check_gradient(self, point: torch.Tensor) -> None:
+        """Warn where the model's gradient disagrees with how its potential changes, along one random
+        direction within each latent site, at ``point`` and half a unit away along those directions (a
+        second point: where a site's derivative vanishes at one, it does not at the other): a model that
+        takes a parameter's value out of torch (``float()``, ``.item()``, ``.tolist()``) computes with it as a
+        constant, no gradient flows through it, and every gradient-based sampler (NUTS too) samples another
+        posterior; the run goes on.
+
+        Central differences at the steps :math:`h` and :math:`h / 2` (in the unconstrained coordinates):
+        flagged only where the gradient misses the finer one by half its size or more, and by more than ten
+        times the differences' own error (their change between the two steps, a kink crossed or the
+        curvature's, and the potential's rounding), so that a smooth model is never flagged. The first
+        ``GRADIENT_CHECK_SITES`` sites are checked (each costs eight evaluations of the potential)."""
+        generator = torch.Generator().manual_seed(0)
+        sites = self.latent_sites[:GRADIENT_CHECK_SITES]
+        directions = torch.zeros(len(sites), self.dim, dtype=torch.float64)
+        for row, site in zip(directions, sites, strict=True):
+            block = torch.randn(site.stop - site.start, generator=generator, dtype=torch.float64)
+            row[site.start : site.stop] = block / block.norm()
+        directions = directions.to(point)
+        centres = torch.stack([point, point + 0.5 * directions.sum(0)])  # [2, d]
+        gradients = self.total_gradient(centres)
+        h = 1e-2 if point.dtype == torch.float32 else 1e-4
+        steps = torch.tensor([h, -h, h / 2, -h / 2], dtype=point.dtype, device=point.device)
+        points = centres[:, None, None] + steps[:, None, None] * directions  # [2, 4, S, d]
+        values = self.total_potentials(points.reshape(-1, self.dim)).reshape(2, 4, -1).double()
+        coarse, fine = (values[:, 0] - values[:, 1]) / (2 * h), (values[:, 2] - values[:, 3]) / h
+        slope = gradients.double() @ directions.double().T  # [2, S]
+        rounding = 100 * torch.finfo(point.dtype).eps * values.abs().amax(1) / h
+        error = (coarse - fine).abs() + rounding
+        missed = (slope - fine).abs()
+        flagged = (
+            (missed > 0.5 * fine.abs().maximum(slope.abs()))
+            & (missed > 10 * error)
+            & values.isfinite().all(1)
+            & gradients.isfinite().all(1, keepdim=True)
+        )
+        worst = missed.argmax(0)  # the point where each site's gradient misses most
+        if bool(flagged.any()):
+            shown = "; ".join(
+                f"{site.name}: {float(fine[worst[k], k]):.4g} by differences, "
+                f"{float(slope[worst[k], k]):.4g} by the gradient"
+                for k, site in enumerate(sites)
+                if flagged[:, k].any()
+            )
+            warnings.warn(
+                "pyro_fed: the model's gradient disagrees with how its potential changes near the initial "
+                f"point, along a direction within each of these sites ({shown}). A model that takes a "
+                "parameter's value out of torch (float(), .item(), .tolist(), NumPy) computes with it as a "
+                "constant, no gradient flows through it, and the draws (NUTS's too) are of another "
+                "posterior: write those steps with torch operations.",
+                stacklevel=5,
+            )
+
     def check_initial_points(self, points: torch.Tensor) -> None:
         """Refuse initial points (``[C, d]``) where the potential or its gradient is not finite, naming the
         site: a sampler started there would never move (every step reverted) or go astray silently."""
         finite = self.total_potentials(points).isfinite()
         grads = self.total_gradient(points)
         if bool(finite.all()) and bool(grads.isfinite().all()):
+            if not self._gradient_checked:  # once per run: the first start
+                self._gradient_checked = True
+                self._check_gradient(points[0])
             return
         chain = int((~finite | ~grads.isfinite().all(-1)).nonzero()[0])
         values, _ = self.constrained(points[chain])

@@ -467,10 +467,11 @@ def test_fald_meets_only_at_its_rounds_and_counts_the_bytes_it_sends():
         (eager, rounds), (traced, same_rounds) = sent["eager"], sent["traced"]
         assert 0 < rounds < iterations and same_rounds == rounds
         # to the other rank, in float64: the partial potentials and gradients at the initial points (C + C d
-        # floats); the partial sums of the iterates at each iteration where a chain averages (C d); at each
+        # floats), and the gradient check's at its two points (2 d) and its differences' eight per site (one
+        # site, w); the partial sums of the iterates at each iteration where a chain averages (C d); at each
         # chunk's end, each iteration's partial moments (C (d + 1)) and, in a ring all-reduce of two ranks,
         # half of its C int32 verdicts
-        initial = (chains + chains * dim) * float_bytes
+        initial = (chains + chains * dim + 2 * dim + 8) * float_bytes
         averages = rounds * chains * dim * float_bytes
         bookkeeping = iterations * (chains * (dim + 1) * float_bytes + chains * 4)
         assert eager == initial + averages + bookkeeping

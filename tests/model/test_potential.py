@@ -1,4 +1,5 @@
 import itertools
+import math
 import warnings
 
 import numpy as np
@@ -428,3 +429,41 @@ def test_working_gradients_are_the_working_clients_own_and_zero_elsewhere(miniba
     kept.view(-1)[rows[:-1]] = True
     torch.testing.assert_close(working[:, kept], every[:, kept], rtol=1e-12, atol=1e-12)
     assert (working[:, ~kept] == 0).all()
+
+
+@pytest.mark.parametrize("leave", ["float", "item", "tolist"])
+def test_a_model_that_takes_a_parameter_out_of_torch_is_named_at_set_up(leave):
+    # the noise scale computed from a Python number: no gradient flows through it, so the sampler sees only
+    # its prior's (NUTS too) and samples another posterior (log_s at -2.2 where it is 0.7): the set-up's
+    # central differences disagree with the gradient along log_s by orders of magnitude, and say so
+    y = 1.0 + 2.0 * torch.randn(60, generator=torch.Generator().manual_seed(0))
+    number = {"float": float, "item": lambda t: t.item(), "tolist": lambda t: t.tolist()}[leave]
+    pyro.set_rng_seed(0)
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        log_s = pyro.sample("log_s", dist.Normal(0.0, 2.0))
+        with pyro.plate("data", len(y)) as i:
+            pyro.sample("y", dist.Normal(mu, math.exp(number(log_s))), obs=y[i])
+
+    with pytest.warns(
+        UserWarning, match=r"gradient disagrees .*\(log_s: .* by differences, .* by the gradient\)"
+    ):
+        MCMC(FaldKernel(model, 3, step_size=1e-3), num_samples=2, warmup_steps=0, disable_progbar=True).run(y)
+
+
+def test_a_model_that_computes_with_a_numpy_copy_of_a_parameter_is_refused():
+    # torch.func.grad cannot run it at all (a raw "Cannot access data pointer of Tensor that doesn't have
+    # storage" at the first gradient): refused, saying why and what to write instead
+    y = 1.0 + 2.0 * torch.randn(60, generator=torch.Generator().manual_seed(0))
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        log_s = pyro.sample("log_s", dist.Normal(0.0, 2.0))
+        with pyro.plate("data", len(y)) as i:
+            pyro.sample("y", dist.Normal(mu, torch.as_tensor(np.exp(log_s.detach().numpy()))), obs=y[i])
+
+    with pytest.raises(
+        ValueError, match=r"gradient cannot be taken \(torch.func.grad: .*\)\. A model that computes"
+    ):
+        MCMC(FaldKernel(model, 3, step_size=1e-3), num_samples=2, warmup_steps=0, disable_progbar=True).run(y)
