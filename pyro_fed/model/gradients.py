@@ -187,11 +187,10 @@ class ClientGradients:
         try:  # one evaluation first: a model that cannot be differentiated at all is refused
             torch.func.grad(self.client_potential)(point, indices[0], ones[0], ones[0, 0])
         except RuntimeError as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(
-                f"The model's gradient cannot be taken (torch.func.grad: {reason}). A model that computes "
-                "with a parameter's value outside torch (a NumPy array of it, or a .detach()ed copy) cannot "
-                "be differentiated, by any gradient-based sampler: write those steps with torch operations."
+                f"The model's gradient cannot be taken (torch.func.grad: {_reason(error)}). A model that "
+                "computes with a NumPy copy of a parameter's value cannot be differentiated, by any "
+                "gradient-based sampler: write those steps with torch operations."
             ) from error
         try:
             torch.func.vmap(torch.func.grad(self.client_potential))(
@@ -202,13 +201,12 @@ class ClientGradients:
             )
         except RuntimeError as error:
             self.vectorized = False
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             warnings.warn(
-                f"pyro_fed cannot vectorise the model over clients (torch.func.vmap: {reason}); evaluating "
-                f"the {self.num_clients} clients one at a time instead, about {self.num_clients} times "
-                "slower per iteration, and without tracing or compilation. Common causes: a Python `if` on a "
-                "parameter's value (use torch.where) or an in-place write of a parameter into a tensor "
-                "made inside the model (build it with torch.cat or torch.stack).",
+                "pyro_fed cannot vectorise the model over clients (torch.func.vmap: "
+                f"{_reason(error)}); evaluating the {self.num_clients} clients one at a time instead, about "
+                f"{self.num_clients} times slower per iteration, and without tracing or compilation. Common "
+                "causes: a Python `if` on a parameter's value (use torch.where) or an in-place write of a "
+                "parameter into a tensor made inside the model (build it with torch.cat or torch.stack).",
                 stacklevel=4,
             )
 
@@ -255,3 +253,9 @@ class ClientGradients:
             ).transpose(0, 1)  # [m, c, ...]
             total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
         return total
+
+
+def _reason(error: Exception) -> str:
+    """The first line of ``error``'s message (its type where it has none)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
