@@ -413,9 +413,9 @@ class FederatedKernel(MCMCKernel):
         if not network.remote:
             return
         here = checkpoints.run_settings(self, warmup_steps, clients=False)
-        first = network.share(here)
-        fields = checkpoints.differences(first, here)
-        if network.agree(bool(fields)):
+        first, differs = network.compare_with_first(here)
+        if differs:
+            fields = checkpoints.differences(first, here)
             shown = "; ".join(f"{f}: {first.get(f)!r} in the first, {here.get(f)!r} here" for f in fields)
             raise ValueError(
                 "the processes holding the clients were given different kernels or settings: every one must "

@@ -32,8 +32,8 @@ def same_model_everywhere(pot) -> None:
     if not network.remote:
         return
     here = [[site.name, list(site.shape)] for site in pot.latent_sites]
-    first = network.share(here)
-    if network.agree(first != here):  # every process refuses, none left waiting for the others
+    first, differs = network.compare_with_first(here)
+    if differs:  # every process refuses, none left waiting for the others
         raise ValueError(
             f"The model's latent sites have other shapes in the processes holding the clients: {first} "
             f"in the first, {here} in this one. A latent site sized from the data a process holds (a "
@@ -41,19 +41,14 @@ def same_model_everywhere(pot) -> None:
             "len(y)) is another parameter in each process; size it from the whole data (pass the "
             "number of data points or groups to the model) and read it through the plate's indices."
         )
-    # the prior (with the transforms' Jacobian) at two points of the unconstrained space: the client
-    # potential with no datum (weight 0) and the whole prior
+    # the prior (with the transforms' Jacobian) at two points of the unconstrained space
     points = torch.stack([torch.zeros(pot.dim), torch.full((pot.dim,), 0.5)])
-    points = points.to(pot.device, pot.dtype)
-    index = torch.zeros(2, 1, dtype=torch.long, device=pot.device)
-    weights = points.new_ones(2)
     try:
-        prior = pot.gradients.potential_fn(points, index, points.new_zeros(2, 1), weights).double().cpu()
+        prior = pot.prior(points.to(pot.device, pot.dtype), gradient=False).double().cpu()
     except Exception:  # a model that cannot be run there: nothing to compare, but every process meets
         prior = torch.full((2,), math.nan, dtype=torch.float64)
-    first = network.share(prior)
-    compared = bool(prior.isfinite().all()) and bool(first.isfinite().all())
-    if network.agree(compared and not torch.allclose(first, prior, rtol=1e-5, atol=1e-6)):
+    first, differs = network.compare_with_first(prior, _different_priors)
+    if differs:
         raise ValueError(
             f"The model's prior differs between the processes holding the clients: its potential at the "
             f"same two points is {first.tolist()} in the first, {prior.tolist()} in this one. A prior "
@@ -73,6 +68,13 @@ def same_model_everywhere(pot) -> None:
             "model) and read them through the plate's indices.",
             stacklevel=3,
         )
+
+
+def _different_priors(first: torch.Tensor, mine: torch.Tensor) -> bool:
+    """Whether two processes' prior potentials at the same points differ beyond rounding (where both are
+    finite: a model that cannot be run there compares nothing)."""
+    compared = bool(mine.isfinite().all()) and bool(first.isfinite().all())
+    return compared and not torch.allclose(first, mine, rtol=1e-5, atol=1e-6)
 
 
 def gradient_follows_potential(pot, point: torch.Tensor) -> None:

@@ -304,9 +304,14 @@ class FederatedPotential:
     def server_prior(self, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
         """The server's share of the potential at ``m`` points ``[m, d]``: :math:`U^0` (``[m]``) or its
         gradient (``[m, d]``) when the server holds the prior, zeros otherwise."""
-        m = points.shape[0]
         if not self.prior_on_server:
-            return points.new_zeros(points.shape if gradient else (m,))
+            return points.new_zeros(points.shape if gradient else points.shape[:1])
+        return self.prior(points, gradient=gradient)
+
+    def prior(self, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
+        """:math:`U^0`, the whole prior with the transforms' Jacobian, at ``m`` points ``[m, d]`` (``[m]``),
+        or its gradient (``[m, d]``), whoever holds it."""
+        m = points.shape[0]
         # the client potential with no datum (weight 0) and the whole prior (weight 1)
         index = torch.zeros(m, 1, dtype=torch.long, device=points.device)
         args = (points, index, points.new_zeros(m, 1), points.new_ones(m))

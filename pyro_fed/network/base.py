@@ -25,6 +25,8 @@ Three kinds of operation:
 from __future__ import annotations
 
 import functools
+import operator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -188,6 +190,13 @@ class Network:
         """The first holder's ``value`` (a seed, initial points: a tensor, a number or a list of them), the
         same for every holder."""
         raise NotImplementedError
+
+    def compare_with_first(self, value, differ: Callable = operator.ne) -> tuple[object, bool]:
+        """The first holder's ``value`` (:meth:`share`) and whether any holder's differs from it
+        (``differ(first, mine)``, :meth:`agree`): a check that every holder then refuses alike, none left
+        waiting for the others (the same settings, model and data assignment in every process)."""
+        first = self.share(value)
+        return first, self.agree(differ(first, value))
 
     def new_run(self) -> None:
         """A run begins (its set-up): where clients are held in several processes, its fault reports are

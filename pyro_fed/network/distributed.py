@@ -444,7 +444,7 @@ def _check_same_assignment(parts: list[torch.LongTensor], num_data: int, network
         digest.update(len(part).to_bytes(8, "little"))
         digest.update(part.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
     here = digest.hexdigest()
-    if network.agree(network.share(here) != here):
+    if network.compare_with_first(here)[1]:
         raise ValueError(
             "shard: the processes passed different assignments of the data points to the clients (or "
             "different numbers of points): each would load rows the others do not expect, some points twice "
