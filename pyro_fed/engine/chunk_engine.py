@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .compile import Prepared, prepare
+from .compile import Prepared, layout, prepare
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -72,7 +72,8 @@ class ChunkEngine:
 
     @staticmethod
     def _key(*groups: Sequence[torch.Tensor]) -> tuple:
-        return tuple((t.shape, t.dtype, t.device) for group in groups for t in group)
+        # the strides too: a compiled iteration reads its inputs with those it was prepared for
+        return tuple(layout(t) for group in groups for t in group)
 
     def prepared(self, state: Tensors, step_inputs: Tensors, constants: Tensors, variant=None) -> Prepared:
         """The iteration (of ``variant``, unless ``None``) prepared for these shapes (once per shape)."""
@@ -161,11 +162,28 @@ def _iterate(
     """Iterations ``start .. start + len(functions) - 1``, one call each of its function: the last state
     and the outputs stacked ``[len(functions), ...]``."""
     num_state, outputs = len(state), []
+    prepared_for = [layout(t) for t in state]  # the functions were prepared for the state's layouts
+    # per function, whether it returns the state in other layouts than it takes (the same at every call)
+    returns_other: dict[Callable, bool] = {}
     for k, function in enumerate(functions, start):
         result = function(*state, *(t[k] for t in inputs), *constants)
         state = tuple(result[:num_state])
         outputs.append(result[num_state:])
+        if function not in returns_other:
+            returns_other[function] = [layout(t) for t in state] != prepared_for
+        if returns_other[function]:
+            state = tuple(_as_layout(t, wanted) for t, wanted in zip(state, prepared_for, strict=True))
     return state, [torch.stack(column) for column in zip(*outputs, strict=True)]
+
+
+def _as_layout(tensor: torch.Tensor, wanted: tuple) -> torch.Tensor:
+    """``tensor`` with the shape and strides of ``wanted`` (a :func:`~pyro_fed.engine.compile.layout`): a
+    state an iteration returns in other strides than it takes is copied into them, since a compiled
+    iteration reads its inputs with the strides it was prepared for."""
+    if layout(tensor) == wanted:
+        return tensor
+    shape, stride, dtype, device = wanted
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(tensor)
 
 
 class _ChunkGraph:

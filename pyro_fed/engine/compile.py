@@ -147,10 +147,7 @@ def _same_layout(source: torch.fx.Node, value) -> bool:
     """Whether ``value`` (a node's traced result) has the layout of ``source``'s: shape, strides, dtype."""
     given = source.meta.get("val")
     return (
-        isinstance(given, torch.Tensor)
-        and isinstance(value, torch.Tensor)
-        and (given.shape, given.stride(), given.dtype, given.device)
-        == (value.shape, value.stride(), value.dtype, value.device)
+        isinstance(given, torch.Tensor) and isinstance(value, torch.Tensor) and layout(given) == layout(value)
     )
 
 
@@ -162,6 +159,13 @@ def _foldable(node: torch.fx.Node, constants: dict) -> bool:
         and torch.Tag.nondeterministic_seeded not in target.tags
         and all(n in constants for n in node.all_input_nodes)
     )
+
+
+def layout(tensor: torch.Tensor) -> tuple:
+    """What a compiled function assumes of an input tensor: a prepared function is called only with inputs
+    of the layouts it was prepared for (its callers key their preparations by it or make inputs contiguous),
+    since the compiled code reads them with those strides, unchecked."""
+    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device
 
 
 def check_mode(mode: str) -> str:
@@ -231,7 +235,11 @@ def prepare(
             # on a copy of the graph (sharing its constants): TorchInductor rewrites the graph it is given
             # to return a list before it may fail, and the traced fallback must return what the function does
             copy = torch.fx.GraphModule(prepared, deepcopy(prepared.graph))
-            prepared, used = torch._inductor.compile(copy, list(example_args)), "compiled"
+            # without a Python check of every input's sizes and strides at every call (a fifth of a small
+            # compiled iteration's time): the compiled code reads its inputs with the strides of
+            # ``example_args``, which its callers guarantee (see ``layout``)
+            with torch._inductor.config.patch(size_asserts=False):
+                prepared, used = torch._inductor.compile(copy, list(example_args)), "compiled"
             global _compilations
             _compilations += 1
     except Exception as error:  # a model or platform that cannot be traced/compiled keeps what works

@@ -203,7 +203,7 @@ class FederatedPotential:
         :param batches: the clients' minibatches (padded indices and weights, ``[b, n]``).
         """
         args = self.minibatch_arguments(points, *batches)
-        grads = self._prepare(self.gradient_fn, args, "the clients' minibatch gradients")(*args)
+        grads = self._prepared_call(self.gradient_fn, args, "the clients' minibatch gradients")
         return grads.reshape(points.shape)
 
     def minibatch_arguments(
@@ -214,7 +214,7 @@ class FederatedPotential:
         points' leading shape: the same minibatch at every point they do not tell apart)."""
         shape, n = points.shape[:-1], indices.shape[-1]
         return (
-            points.reshape(-1, self.dim).contiguous(),
+            points.reshape(-1, self.dim),
             indices.expand(*shape, n).reshape(-1, n),
             weights.expand(*shape, n).reshape(-1, n),
             self.prior_weights.expand(shape).reshape(-1),
@@ -267,9 +267,8 @@ class FederatedPotential:
         """Full local gradients :math:`\\nabla U^i(x_i)` of every client: ``[d]`` (one common point) ->
         ``[b, d]``, ``[b, d]`` -> ``[b, d]`` or ``[m, b, d]`` -> ``[m, b, d]``."""
         points, shape = self._client_points(points)
-        return self._prepare(self.full_gradient_fn, (points,), "the clients' full gradients")(points).reshape(
-            shape
-        )
+        grads = self._prepared_call(self.full_gradient_fn, (points,), "the clients' full gradients")
+        return grads.reshape(shape)
 
     def client_potentials(self, points: torch.Tensor) -> torch.Tensor:
         """Full local potentials :math:`U^i(x_i)` of every client: ``[d]`` (one common point) -> ``[b]``,
@@ -318,11 +317,10 @@ class FederatedPotential:
         return (self.gradients.gradient_fn if gradient else self.gradients.potential_fn)(*args)
 
     def _client_points(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
-        """Points as ``[m, b, d]`` (contiguous: compiled functions expect their example's strides), and the
-        ``[..., b, d]`` shape of the results."""
+        """Points as ``[m, b, d]``, and the ``[..., b, d]`` shape of the results."""
         if points.dim() == 1:
             points = points.expand(self.num_clients, self.dim)
-        return points.reshape(-1, self.num_clients, self.dim).contiguous(), points.shape
+        return points.reshape(-1, self.num_clients, self.dim), points.shape
 
     def check_initial_points(self, points: torch.Tensor) -> None:
         """Refuse initial points (``[C, d]``) where the potential or its gradient is not finite, naming the
@@ -376,13 +374,16 @@ class FederatedPotential:
             "check the model's parametrisation there."
         )
 
-    def _prepare(self, function: Callable, args: tuple[torch.Tensor, ...], what: str) -> Prepared:
-        """``function`` prepared in ``gradient_mode`` for inputs of these shapes, once per shape."""
+    def _prepared_call(self, function: Callable, args: tuple[torch.Tensor, ...], what: str) -> torch.Tensor:
+        """``function(*args)``, prepared in ``gradient_mode`` for inputs of these shapes, once per shape, and
+        called with them contiguous: a compiled function reads its inputs in the strides it was prepared for
+        (:func:`~pyro_fed.engine.compile.layout`)."""
+        args = tuple(a.contiguous() for a in args)
         # the requested mode is part of the key: a compilation that fell back is not tried again at each call
         key = (what, self.gradient_mode, *(a.shape for a in args))
         if key not in self._prepared:
             self._prepared[key] = prepare(function, args, self.gradient_mode, what=what)
-        return self._prepared[key]
+        return self._prepared[key](*args)
 
     @property
     def preparation_seconds(self) -> float:

@@ -9,6 +9,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_fed import FaldKernel, QlsdKernel, VrFaldKernel
+from pyro_fed.engine.chunk_engine import ChunkEngine
 
 from ..models import lkj_normal, logistic_model, regression_data
 
@@ -217,3 +218,26 @@ def test_a_model_that_cannot_be_compiled_runs_its_refreshes_and_snapshots_to_the
     assert kernel.engine().mode == "compiled"  # the switch happened ("auto") or was asked for
     # the fallbacks run the very graphs gradient_mode="traced" runs: the same draws, bit for bit
     torch.testing.assert_close(draws, sample("traced")[0], rtol=0, atol=0)
+
+
+def test_a_compiled_iteration_returning_its_state_in_other_strides_gives_the_eager_values():
+    # compiled code reads its inputs with the strides it was prepared for, unchecked: an iteration that
+    # returns its state transposed in memory must have it copied back into the strides it takes
+    def iteration(state, inputs, constants):
+        (x,), (noise,), (scale,) = state, inputs, constants
+        moved = (x * scale + noise.cumsum(-1)).t().contiguous().t()  # [2, 3] with strides (1, 2)
+        return (moved,), (moved.sum(),)
+
+    start = torch.arange(6.0).reshape(2, 3)
+    inputs = (torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(0)),)
+    constants = (torch.tensor([[0.5], [2.0]]),)
+    results = {}
+    for mode in ("eager", "compiled"):
+        engine = ChunkEngine(iteration, mode, what="a test iteration")
+        (last,), (sums,) = engine.run((start,), inputs, constants, 0, 5)
+        assert engine.prepared((start,), tuple(t[0] for t in inputs), constants).mode == mode
+        results[mode] = last, sums
+    assert torch.allclose(results["compiled"][0], results["eager"][0])
+    assert torch.allclose(results["compiled"][1], results["eager"][1])
+    # and the state comes back in the strides the chunk started with, so that the next chunk reuses it
+    assert results["compiled"][0].stride() == start.stride()

@@ -91,12 +91,18 @@ def test_prepared_gradients_equal_eager(mode):
     x, y = regression_data(len(CLIENTS))
     prepared = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode=mode)
     eager = FederatedPotential(scaled_regression, (x, y), clients=CLIENTS, gradient_mode="eager")
-    for seed in range(3):  # new inputs through the same prepared function
-        points = torch.randn(2, 3, prepared.dim, generator=torch.Generator().manual_seed(seed))
+    for seed in range(3):  # new inputs through the same prepared function, in other memory layouts too
+        generator = torch.Generator().manual_seed(seed)
+        points = [
+            torch.randn(2, 3, prepared.dim, generator=generator),
+            torch.randn(3, 2, prepared.dim, generator=generator).transpose(0, 1),
+            torch.randn(1, 3, prepared.dim, generator=generator).expand(2, -1, -1),
+        ][seed]
         batches = prepared.batches([ix[seed : seed + 4] for ix in prepared.client_indices])
         torch.testing.assert_close(
             prepared.client_grads(points, batches), eager.client_grads(points, batches)
         )
+        torch.testing.assert_close(prepared.full_client_grads(points), eager.full_client_grads(points))
 
 
 def test_failed_tracing_falls_back_to_eager_with_a_warning(monkeypatch):
