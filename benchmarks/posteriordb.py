@@ -18,9 +18,12 @@ Each posterior is sampled, in one run, by
   data set has fewer than 20 points, so that each client holds at least two: eight schools' 8 schools on 4
   clients): FALD, VR-FALD⋆, QLSD (``QlsdKernel(model, 10)``: its defaults are no quantisation and no
   control variate, LSD in the paper's terms), QLSD++ (``control_variate="svrg"``), D-ULA (its default
-  ring); with ``--kernels``, also SGLD (``SgldKernel(model)``, one client, the pooled data) and D-ULA on the
+  ring); with ``--kernels``, also SGLD (``SgldKernel(model)``, one client, the pooled data), D-ULA on the
   complete graph (``"D-ULA complete"``: how much of D-ULA's speed its default ring costs) and on the ring
-  with three exchanges per step (``"D-ULA 3 rounds"``, ``consensus_rounds=3``: what three times the bits buy);
+  with three exchanges per step (``"D-ULA 3 rounds"``, ``consensus_rounds=3``: what three times the bits buy),
+  and the papers' baselines at their defaults: pSGLD (``PsgldKernel(model, 10)``), SVRG-LD
+  (``SvrgLdKernel(model)``, the pooled data), FSGLD (``FsgldKernel(model, 10)``) and DG-LMC
+  (``DglmcKernel(model, 10)``);
 - Pyro's ``NUTS`` on the pooled data, with a dense mass matrix (``full_mass=True``: the kernels' default
   preconditioner is dense where correlations would slow them more than 4×, so a diagonal NUTS would be the
   easier reference; several of these posteriors correlate their intercept and slope beyond 0.99), its
@@ -112,6 +115,11 @@ KERNELS: dict[str, Callable] = {
     # the ring with three exchanges per step: what three times the bits per iteration buy
     "D-ULA 3 rounds": lambda model, clients: pyro_fed.DulaKernel(model, clients, consensus_rounds=3),
     "SGLD": lambda model, clients: pyro_fed.SgldKernel(model),
+    # the papers' baselines, each at its defaults
+    "pSGLD": lambda model, clients: pyro_fed.PsgldKernel(model, clients),
+    "SVRG-LD": lambda model, clients: pyro_fed.SvrgLdKernel(model),
+    "FSGLD": lambda model, clients: pyro_fed.FsgldKernel(model, clients),
+    "DG-LMC": lambda model, clients: pyro_fed.DglmcKernel(model, clients),
 }
 SAMPLERS = (*KERNELS, "NUTS")
 #: those of a run without ``--kernels``: the federated kernels (QLSD at its defaults is LSD, uncompressed and

@@ -164,7 +164,7 @@ def _foldable(node: torch.fx.Node, constants: dict) -> bool:
 def layout(tensor: torch.Tensor) -> tuple:
     """What a compiled function assumes of an input tensor: a prepared function is called only with inputs
     of the layouts it was prepared for (its callers key their preparations by it or make inputs contiguous),
-    since the compiled code reads them with those strides, unchecked."""
+    since on the CPU the compiled code reads them with those strides, unchecked (see :func:`prepare`)."""
     return tensor.shape, tensor.stride(), tensor.dtype, tensor.device
 
 
@@ -235,10 +235,14 @@ def prepare(
             # on a copy of the graph (sharing its constants): TorchInductor rewrites the graph it is given
             # to return a list before it may fail, and the traced fallback must return what the function does
             copy = torch.fx.GraphModule(prepared, deepcopy(prepared.graph))
-            # without a Python check of every input's sizes and strides at every call (a fifth of a small
-            # compiled iteration's time): the compiled code reads its inputs with the strides of
-            # ``example_args``, which its callers guarantee (see ``layout``)
-            with torch._inductor.config.patch(size_asserts=False):
+            # on the CPU, without a Python check of every input's sizes and strides at every call (a fifth of
+            # a small compiled iteration's time): the compiled code reads its inputs with the strides of
+            # ``example_args``, which its callers guarantee (see ``layout``). On a GPU the check stays: there
+            # a chunk replays as a CUDA graph, which runs no Python, and its capture's static copies of the
+            # inputs may be laid out otherwise (a clone of an expanded tensor is contiguous): the check then
+            # stops the capture and the iterations run one by one
+            on_cpu = all(a.device.type == "cpu" for a in example_args if isinstance(a, torch.Tensor))
+            with torch._inductor.config.patch(size_asserts=not on_cpu):
                 prepared, used = torch._inductor.compile(copy, list(example_args)), "compiled"
             global _compilations
             _compilations += 1
