@@ -196,6 +196,9 @@ class Adaptation(NamedTuple):
     #: the largest stiffness measured (the mode's, the typical points', the pilot's), in the units of
     #: ``stiffness``: the step keeps it stable (see :func:`step_stiffness`)
     largest_stiffness: float = float("nan")
+    #: the :func:`relaxation_time` of the slowest direction at the automatic step, in iterations, which the
+    #: automatic thinning is half of, up to ``MAX_THINNING`` (``nan`` with a step of the user's)
+    relaxation: float = float("nan")
 
 
 def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
@@ -648,16 +651,21 @@ def draws_preconditioner(draws: torch.Tensor, current: torch.Tensor) -> torch.Te
     return measured
 
 
+def relaxation_time(step: float, slowest: float) -> float:
+    r"""The integrated autocorrelation time :math:`\tau = (2 - h\lambda)/(h\lambda)`, in iterations, of the
+    slowest direction (curvature :math:`\lambda` = ``slowest`` in the preconditioned coordinates, moved by a
+    step :math:`h` = ``step`` on :math:`U`; the autoregression :math:`x' = (1 - h\lambda) x + \text{noise}`
+    of a Gaussian target)."""
+    product = min(step * slowest, 1.0)
+    return (2.0 - product) / product
+
+
 def thinning_for(step: float, slowest: float) -> int:
-    r"""Iterations per draw: half the integrated autocorrelation time :math:`\tau = (2 - h\lambda)/(h\lambda)`
-    of the slowest direction (curvature :math:`\lambda` = ``slowest`` in the preconditioned coordinates,
-    moved by a step :math:`h` = ``step`` on :math:`U`; the autoregression :math:`x' = (1 - h\lambda) x +
-    \text{noise}` of a Gaussian target), at most ``MAX_THINNING``. Draws so spaced are nearly independent
+    r"""Iterations per draw: half the :func:`relaxation_time` :math:`\tau` of the slowest direction at the
+    step :math:`h` = ``step`` on :math:`U`, at most ``MAX_THINNING``. Draws so spaced are nearly independent
     (their own autocorrelation time is about 2) and lose almost no effective draws per iteration, as a NUTS
     draw is about one independent draw: so ``num_samples`` keeps its meaning across models and steps."""
-    product = min(step * slowest, 1.0)
-    tau = (2.0 - product) / product
-    return int(min(max(1, math.floor(tau / 2)), MAX_THINNING))
+    return int(min(max(1, math.floor(relaxation_time(step, slowest) / 2)), MAX_THINNING))
 
 
 def refresh_probability(iteration_data: int, full_data: int) -> float:

@@ -86,7 +86,14 @@ import numpy as np
 import torch
 
 from . import traffic
-from .adaptation import VARIANCE_TARGET, hessian_products, square_root, thinning_for, whiten
+from .adaptation import (
+    VARIANCE_TARGET,
+    hessian_products,
+    relaxation_time,
+    square_root,
+    thinning_for,
+    whiten,
+)
 from .base import Algorithm
 from .langevin import langevin_step
 
@@ -268,10 +275,15 @@ class Dglmc(Algorithm):
         the thinning for the clients' centre's step :math:`\\gamma / b` on :math:`U`."""
         tolerance, steps, rounds = self.tolerances_and_steps(chosen, run)
         step = float(steps.max())
-        thinning = chosen.thinning
-        if run.thinning is None and run.step_size is None:  # 1 with a step of the user's, as elsewhere
-            thinning = thinning_for(float(steps.mean()) / run.network.num_clients, chosen.slowest)
-        finished = chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + rounds)
+        thinning, relaxation = chosen.thinning, chosen.relaxation
+        if run.step_size is None:
+            centre = float(steps.mean()) / run.network.num_clients
+            relaxation = relaxation_time(centre, chosen.slowest)
+            if run.thinning is None:  # 1 with a step of the user's, as elsewhere
+                thinning = thinning_for(centre, chosen.slowest)
+        finished = chosen._replace(
+            step_size=step, thinning=thinning, rounds=chosen.rounds + rounds, relaxation=relaxation
+        )
         return finished, dataclasses.replace(self, tolerance=tolerance), []
 
     def resolve(self, run):

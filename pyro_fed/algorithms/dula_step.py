@@ -209,7 +209,7 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
     step, rounds, drift = within_disagreement(
         graph, consensus_size, chosen, consensus.step, run, settings.consensus_rounds
     )
-    thinning = chosen.thinning
+    thinning, relaxation = chosen.thinning, adaptation.relaxation_time(step, chosen.slowest)
     if run.thinning is None:
         thinning = adaptation.thinning_for(step, chosen.slowest)
     # "this ring", "this complete graph", "this graph" (one given as a matrix)
@@ -219,7 +219,9 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
     report = step_problem(name, graph, chosen, consensus, drift, step, thinning, shares, run)
     if report is not None:
         warnings.warn(f"pyro_fed: {report}.", stacklevel=2)
-    finished = chosen._replace(step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds)
+    finished = chosen._replace(
+        step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds, relaxation=relaxation
+    )
     # the graph and the consensus step, resolved here, kept for the run (Dula.resolve keeps them as given)
     resolved = dataclasses.replace(settings, graph=graph, consensus_size=consensus_size)
     return finished, resolved, [] if report is None else [report]

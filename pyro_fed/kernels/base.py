@@ -384,6 +384,7 @@ class FederatedKernel(MCMCKernel):
             event_probability=self._event_probability(),
         )
         if saved is None:
+            self._warn_if_draws_dependent()
             self.warn_before_run()
         algorithm = self._finished.bind(self._run)
         if saved is None:
@@ -648,6 +649,31 @@ class FederatedKernel(MCMCKernel):
         (:func:`~pyro_fed.algorithms.adaptation.refresh_probability`, from all clients' sizes)."""
         return adaptation.refresh_probability(
             self.iteration_data(), int(self.potential.all_client_sizes.sum())
+        )
+
+    def _warn_if_draws_dependent(self) -> None:
+        """Warn before the run when the automatic thinning stopped at its cap (``MAX_THINNING``) while the
+        slowest direction relaxes so slowly that the draws cannot hold ``ESS_PER_CHAIN`` independent ones per
+        chain (the end-of-run checks' threshold), naming the thinning that would: a slow sampler's run
+        otherwise ends, minutes later, in a warning about its effective sample size. Not where the
+        algorithm's last word on the warm-up already said why (D-ULA's cut step)."""
+        chosen, num_samples = self.adaptation, self.plan.num_samples
+        if chosen is None or self.thinning is not None or num_samples is None or self._finish_problems:
+            return
+        relaxation = chosen.relaxation
+        if not math.isfinite(relaxation) or chosen.thinning < adaptation.MAX_THINNING:
+            return
+        covered = num_samples * chosen.thinning / relaxation
+        if covered / 2 >= convergence.ESS_PER_CHAIN:
+            return
+        warnings.warn(
+            f"pyro_fed: at {type(self).__name__}'s automatic step the slowest direction relaxes over about "
+            f"{relaxation:.3g} iterations, and the automatic thinning stops at {chosen.thinning} iterations "
+            f"per draw: the {num_samples} draws per chain cover {covered:.3g} relaxation times, about "
+            f"{covered / 2:.3g} independent draws per chain (the end-of-run checks ask for "
+            f"{convergence.ESS_PER_CHAIN}). Pass thinning={math.ceil(relaxation / 2)} for nearly independent "
+            "draws, or more num_samples.",
+            stacklevel=4,
         )
 
     def warn_before_run(self) -> None:

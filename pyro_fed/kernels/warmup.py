@@ -118,7 +118,7 @@ def adapt(
     )
     rounds += noise_rounds
     step, pilot_iterations, pilot_time = sampler.step_size, 0, 0.0
-    thinning = sampler.thinning or 1
+    thinning, relaxation = sampler.thinning or 1, float("nan")
     if step is None:
         client_step = adaptation.step_size(stiffness, noise, clients_per_step)
         # the pilot's budget is per iteration of a draw: the thinning of the step before the pilot
@@ -129,12 +129,13 @@ def adapt(
         )  # fmt: skip
         rounds += pilot_rounds
         step = sampler.chosen_step(client_step)
+        relaxation = adaptation.relaxation_time(client_step / clients_per_step, slowest)
         if sampler.thinning is None:
             thinning = adaptation.thinning_for(client_step / clients_per_step, slowest)
     pot.network.record_averages(rounds, shared=True)
     return adaptation.Adaptation(
         step, inverse_mass, mode, curvature, stiffness, noise, rounds, condition, points, pilot_iterations,
-        pilot_time, decrement, batch, thinning, slowest, clients, largest,
+        pilot_time, decrement, batch, thinning, slowest, clients, largest, relaxation,
     )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 automatic settings against the exact posterior, communication and arguments."""
 
 import math
+import warnings
 
 import numpy as np
 import pyro
@@ -308,6 +309,28 @@ def test_the_automatic_settings_sample_a_regression_within_the_bias_they_allow()
     cov_tol = (law.cov - cov).abs() + Z * law.covariance_standard_error(num_samples) / 2
     assert ((draws_mean - mean).abs() <= mean_tol).all(), (draws_mean, mean, mean_tol)
     assert ((draws_cov - cov).abs() <= cov_tol).all(), (draws_cov, cov, cov_tol)
+
+
+@pytest.mark.filterwarnings("ignore:pyro_fed's end-of-run checks")  # the point: too few independent draws
+def test_a_capped_thinning_that_leaves_few_independent_draws_is_named_before_the_run():
+    # the tie makes the clients' centre relax some 45 times slower than FALD's average: the automatic
+    # thinning stops at its cap, and 20 draws of it cover a few relaxation times; the warning says so before
+    # the chains start and names the thinning of nearly independent draws, half the relaxation time
+    x, y = regression_data(20, 2)
+    kernel = DglmcKernel(gaussian_regression(NOISE_SD), 4, gradient_mode="traced")
+    pyro.set_rng_seed(0)
+    with pytest.warns(UserWarning, match="automatic thinning stops at 100") as caught:
+        run(kernel, (x, y), 20, 20)
+    relaxation = kernel.adaptation.relaxation
+    assert kernel.current_thinning == 100 and relaxation / 2 > 100
+    (message,) = [str(w.message) for w in caught if "automatic thinning" in str(w.message)]
+    assert f"cover {20 * 100 / relaxation:.3g} relaxation times" in message
+    assert f"thinning={math.ceil(relaxation / 2)}" in message
+    # with a thinning of the user's, the choice is theirs: no such warning
+    with warnings.catch_warnings(record=True) as given:
+        warnings.simplefilter("always")
+        run(DglmcKernel(gaussian_regression(NOISE_SD), 4, gradient_mode="traced", thinning=5), (x, y), 20, 20)
+    assert not [w for w in given if "automatic thinning" in str(w.message)]
 
 
 # ------------------------------------------------------------ communication, arguments, runs
