@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,10 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.distributions import Unit
+from pyro.infer import MCMC
 from pyro.poutine.util import site_is_subsample
+
+import pyro_fed
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -208,3 +212,25 @@ def test_a_crash_is_a_row(harness, monkeypatch):
     monkeypatch.setitem(harness.KERNELS, "FALD", broken)
     (row,) = harness.run_benchmark(["arK-arK"], ["FALD"], chains=2, warmup=5, samples=5)
     assert row["passes"] is False and row["error"] == "RuntimeError: no kernel today"
+
+
+@pytest.mark.slow
+def test_fsglds_eight_schools_failure_is_named_before_the_draws(harness):
+    # the benchmark's one FSGLD failure: the warm-up's draws (the windowed adaptation) make its step several
+    # times smaller, and the thinning, chosen before them and kept, then leaves a few independent draws per
+    # chain at most; a warning says so before the sampling, with the thinning that would do (the run's
+    # bulk ESS is not compared with the count: at a few draws in all, ESS estimates are at their floor)
+    posterior, args, _ = harness.load("eight_schools-eight_schools_noncentered")
+    pyro.set_rng_seed(0)
+    kernel = pyro_fed.FsgldKernel(posterior.model, 4)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=500, num_chains=4, disable_progbar=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(*args)
+    counted = [str(w.message) for w in caught if "iterations apart" in str(w.message)]
+    assert counted, "no warning before the draws"
+    relaxation = kernel.adaptation.relaxation
+    expected = 1000 * kernel.current_thinning / relaxation / 2  # independent draws per chain, by the count
+    assert f"about {expected:.3g} independent draws per chain" in counted[-1]
+    assert f"thinning={math.ceil(relaxation / 2)}" in counted[-1]
+    assert expected < 10

@@ -652,8 +652,9 @@ class FederatedKernel(MCMCKernel):
         )
 
     def _warn_if_draws_dependent(self) -> None:
-        """Warn before the run when the automatic thinning stopped at its cap (``MAX_THINNING``) while the
-        slowest direction relaxes so slowly that the draws cannot hold ``ESS_PER_CHAIN`` independent ones per
+        """Warn before the draws when the automatic thinning is short of half the slowest direction's
+        relaxation time (stopped at its cap, ``MAX_THINNING``, or kept from the set-up while the warm-up's
+        draws made the step smaller) and the draws then cannot hold ``ESS_PER_CHAIN`` independent ones per
         chain (the end-of-run checks' threshold), naming the thinning that would: a slow sampler's run
         otherwise ends, minutes later, in a warning about its effective sample size. Not where the
         algorithm's last word on the warm-up already said why (D-ULA's cut step)."""
@@ -661,18 +662,18 @@ class FederatedKernel(MCMCKernel):
         if chosen is None or self.thinning is not None or num_samples is None or self._finish_problems:
             return
         relaxation = chosen.relaxation
-        if not math.isfinite(relaxation) or chosen.thinning < adaptation.MAX_THINNING:
+        if not math.isfinite(relaxation) or chosen.thinning >= math.floor(relaxation / 2):
             return
         covered = num_samples * chosen.thinning / relaxation
         if covered / 2 >= convergence.ESS_PER_CHAIN:
             return
         warnings.warn(
             f"pyro_fed: at {type(self).__name__}'s automatic step the slowest direction relaxes over about "
-            f"{relaxation:.3g} iterations, and the automatic thinning stops at {chosen.thinning} iterations "
-            f"per draw: the {num_samples} draws per chain cover {covered:.3g} relaxation times, about "
-            f"{covered / 2:.3g} independent draws per chain (the end-of-run checks ask for "
-            f"{convergence.ESS_PER_CHAIN}). Pass thinning={math.ceil(relaxation / 2)} for nearly independent "
-            "draws, or more num_samples.",
+            f"{relaxation:.3g} iterations, and the automatic thinning puts the draws {chosen.thinning} "
+            f"iterations apart (at most {adaptation.MAX_THINNING}, chosen before the warm-up's draws): the "
+            f"{num_samples} draws per chain cover {covered:.3g} relaxation times, about {covered / 2:.3g} "
+            f"independent draws per chain (the end-of-run checks ask for {convergence.ESS_PER_CHAIN}). Pass "
+            f"thinning={math.ceil(relaxation / 2)} for nearly independent draws, or more num_samples.",
             stacklevel=4,
         )
 
@@ -832,6 +833,7 @@ class FederatedKernel(MCMCKernel):
             start,
             EXPLOSION_SCALES * adaptation.marginal_scales(renewed.preconditioner),
         )
+        self._warn_if_draws_dependent()  # the new step may be smaller, the thinning is kept
 
     def _write_checkpoint(self) -> None:
         """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since

@@ -319,18 +319,18 @@ def test_a_capped_thinning_that_leaves_few_independent_draws_is_named_before_the
     x, y = regression_data(20, 2)
     kernel = DglmcKernel(gaussian_regression(NOISE_SD), 4, gradient_mode="traced")
     pyro.set_rng_seed(0)
-    with pytest.warns(UserWarning, match="automatic thinning stops at 100") as caught:
+    with pytest.warns(UserWarning, match="puts the draws 100 iterations apart") as caught:
         run(kernel, (x, y), 20, 20)
     relaxation = kernel.adaptation.relaxation
     assert kernel.current_thinning == 100 and relaxation / 2 > 100
-    (message,) = [str(w.message) for w in caught if "automatic thinning" in str(w.message)]
+    (message,) = [str(w.message) for w in caught if "draws 100 iterations apart" in str(w.message)]
     assert f"cover {20 * 100 / relaxation:.3g} relaxation times" in message
     assert f"thinning={math.ceil(relaxation / 2)}" in message
     # with a thinning of the user's, the choice is theirs: no such warning
     with warnings.catch_warnings(record=True) as given:
         warnings.simplefilter("always")
         run(DglmcKernel(gaussian_regression(NOISE_SD), 4, gradient_mode="traced", thinning=5), (x, y), 20, 20)
-    assert not [w for w in given if "automatic thinning" in str(w.message)]
+    assert not [w for w in given if "iterations apart" in str(w.message)]
 
 
 # ------------------------------------------------------------ communication, arguments, runs
