@@ -4,6 +4,7 @@ its Stan program by hand, and the harness's rows at a tiny size."""
 import importlib.util
 import json
 import math
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -228,9 +229,10 @@ def test_fsglds_eight_schools_failure_is_named_before_the_draws(harness):
         warnings.simplefilter("always")
         mcmc.run(*args)
     counted = [str(w.message) for w in caught if "iterations apart" in str(w.message)]
-    assert counted, "no warning before the draws"
-    relaxation = kernel.adaptation.relaxation
-    expected = 1000 * kernel.current_thinning / relaxation / 2  # independent draws per chain, by the count
-    assert f"about {expected:.3g} independent draws per chain" in counted[-1]
-    assert f"thinning={math.ceil(relaxation / 2)}" in counted[-1]
-    assert expected < 10
+    assert len(counted) == 1, counted  # said once (again only had a later window made it worse)
+    warned = float(re.search(r"about ([0-9.e+-]+) independent draws per chain", counted[0]).group(1))
+    suggested = int(re.search(r"thinning=(\d+)", counted[0]).group(1))
+    assert warned < 10 and suggested > kernel.current_thinning
+    # the run's own count, at its last step, is no better hidden than the one said
+    final = 1000 * kernel.current_thinning / kernel.adaptation.relaxation / 2
+    assert final >= warned * (1 - 1e-3)

@@ -286,6 +286,7 @@ class FederatedKernel(MCMCKernel):
         self._run: Run | None = None  # what the run gives the algorithm (see Algorithm.bind)
         self._finished = algorithm  # the settings as the warm-up's last word left them (finish_adaptation)
         self._finish_problems: list[str] = []  # what that last word found, repeated at the end of the run
+        self._warned_draws = math.inf
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -375,6 +376,7 @@ class FederatedKernel(MCMCKernel):
             num_samples=self.plan.num_samples,
         )
         self._finished, self._finish_problems = self.settings, []
+        self._warned_draws = math.inf  # the independent draws a warning before the draws last counted
         positions, inverse_mass = self._starts(network, saved, adaptation_seed, num_chains)
         self._run = dataclasses.replace(
             self._run,
@@ -665,8 +667,10 @@ class FederatedKernel(MCMCKernel):
         if not math.isfinite(relaxation) or chosen.thinning >= math.floor(relaxation / 2):
             return
         covered = num_samples * chosen.thinning / relaxation
-        if covered / 2 >= convergence.ESS_PER_CHAIN:
+        # said once, and again only where the warm-up's draws made it worse
+        if covered / 2 >= min(convergence.ESS_PER_CHAIN, self._warned_draws):
             return
+        self._warned_draws = covered / 2
         warnings.warn(
             f"pyro_fed: at {type(self).__name__}'s automatic step the slowest direction relaxes over about "
             f"{relaxation:.3g} iterations, and the automatic thinning puts the draws {chosen.thinning} "
