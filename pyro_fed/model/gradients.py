@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from ..data.partition import pad_indices
-from .sites import ModelSites
+from .sites import ModelSites, error_reason
 from .unconstrained import UnconstrainedSpace
 
 # full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d)
@@ -188,8 +188,8 @@ class ClientGradients:
             torch.func.grad(self.client_potential)(point, indices[0], ones[0], ones[0, 0])
         except RuntimeError as error:
             raise ValueError(
-                f"The model's gradient cannot be taken (torch.func.grad: {_reason(error)}). A model that "
-                "computes with a NumPy copy of a parameter's value cannot be differentiated, by any "
+                f"The model's gradient cannot be taken (torch.func.grad: {error_reason(error)}). A model "
+                "that computes with a NumPy copy of a parameter's value cannot be differentiated, by any "
                 "gradient-based sampler: write those steps with torch operations."
             ) from error
         try:
@@ -203,10 +203,11 @@ class ClientGradients:
             self.vectorized = False
             warnings.warn(
                 "pyro_fed cannot vectorise the model over clients (torch.func.vmap: "
-                f"{_reason(error)}); evaluating the {self.num_clients} clients one at a time instead, about "
-                f"{self.num_clients} times slower per iteration, and without tracing or compilation. Common "
-                "causes: a Python `if` on a parameter's value (use torch.where) or an in-place write of a "
-                "parameter into a tensor made inside the model (build it with torch.cat or torch.stack).",
+                f"{error_reason(error)}); evaluating the {self.num_clients} clients one at a time instead, "
+                f"about {self.num_clients} times slower per iteration, and without tracing or compilation. "
+                "Common causes: a Python `if` on a parameter's value (use torch.where) or an in-place write "
+                "of a parameter into a tensor made inside the model (build it with torch.cat or "
+                "torch.stack).",
                 stacklevel=4,
             )
 
@@ -253,9 +254,3 @@ class ClientGradients:
             ).transpose(0, 1)  # [m, c, ...]
             total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
         return total
-
-
-def _reason(error: Exception) -> str:
-    """The first line of ``error``'s message (its type where it has none)."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

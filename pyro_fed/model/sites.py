@@ -308,9 +308,15 @@ def diagnose_arguments(
     return list(dict.fromkeys(causes))
 
 
-def _first_line(error: Exception) -> str:
+def error_reason(error: Exception) -> str:
+    """The first line of ``error``'s message (its type where it has none)."""
     lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return lines[0] if lines else type(error).__name__
+
+
+def _first_line(error: Exception) -> str:
+    """``error``'s type and :func:`error_reason`."""
+    return f"{type(error).__name__}: {error_reason(error)}" if str(error).strip() else type(error).__name__
 
 
 def _static(constraint: constraints.Constraint) -> bool:
