@@ -199,6 +199,16 @@ class Adaptation(NamedTuple):
     #: the :func:`relaxation_time` of the slowest direction at the automatic step, in iterations, which the
     #: automatic thinning is half of, up to ``MAX_THINNING`` (``nan`` with a step of the user's)
     relaxation: float = float("nan")
+    #: the averaging probability the run's communication setting has (FALD's family; ``nan`` elsewhere, or
+    #: where the warm-up left the user's unchanged at 1), chosen by the clients' quadratic model where the
+    #: user left it automatic (see :func:`~pyro_fed.algorithms.drift.finish_communication`)
+    comm_prob: float = float("nan")
+    #: VR-FALD⋆'s refresh probability the quadratic model chose (``nan``: the rule of
+    #: :func:`refresh_probability`, or the user's)
+    refresh_prob: float = float("nan")
+    #: the predicted drift error of the run's communication setting, in posterior sds (``nan``: not
+    #: predicted; see :meth:`~pyro_fed.algorithms.drift.ClientQuadratics.error`)
+    drift_error: float = float("nan")
 
 
 def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:

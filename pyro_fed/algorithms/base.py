@@ -162,6 +162,13 @@ class Algorithm:
         is, whatever each client's own curvature (the warm-up takes the stiffness of :math:`U` then)."""
         return False
 
+    def average_step(self) -> bool:
+        """Whether the warm-up sets the step for the clients' average, one Langevin step of :math:`\\gamma /
+        b` on :math:`U` (FALD's family, whose :meth:`finish_adaptation` then keeps each client's own steps
+        stable and its drift small), rather than for each client's own potential: by default where every
+        iteration ends at the average (:meth:`averages_every_iteration`)."""
+        return self.averages_every_iteration()
+
     def upload_rate(self, run: Run) -> float:
         """The expected number of rounds per iteration in which every client uploads ``d`` floats (1 by
         default). The warm-up's pilot run, which uploads a gradient per particle at every iteration, runs for
@@ -218,6 +225,13 @@ class Algorithm:
         mixing allows), the algorithm with the settings that word resolved (DG-LMC's tolerances), and the
         problems it found, each a sentence that the end-of-run checks repeat: as they are by default."""
         return chosen, self, []
+
+    def finish_window(self, algorithm: Algorithm, chosen: Adaptation, run: Run) -> Adaptation:
+        """These settings' word on what the warm-up measured again from the chains' draws in a window
+        (``chosen``), for the run's bound ``algorithm``: FALD's family chooses its automatic communication
+        setting again (the bound algorithm takes it) and bounds the new step as :meth:`finish_adaptation`
+        does; as it is by default."""
+        return chosen
 
     @property
     def num_clients(self) -> int:

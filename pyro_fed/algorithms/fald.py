@@ -32,8 +32,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import traffic
-from .base import Algorithm
+from . import drift, traffic
+from .base import Algorithm, Run
 from .dispersion import held_moments, mean_and_dispersion
 from .langevin import client_noise, langevin_step
 
@@ -93,52 +93,54 @@ def averages(communicated: np.ndarray) -> np.ndarray:
     return communicated.astype(np.int64)
 
 
-def drift_bias(
-    step: torch.Tensor, comm_prob: float, hessians: torch.Tensor, gradients: torch.Tensor, network
-) -> torch.Tensor:
-    r"""The stationary bias of the reported draw's mean from client drift, ``[d]``, in a quadratic model of
-    the clients at the mode: client :math:`i`'s gradient :math:`H_i y + g_i` (``hessians`` ``[b, d, d]`` and
-    ``gradients`` ``[b, d]`` of the held clients, the sums over clients by the ``network``; :math:`y` the
-    offset from the mode) and the preconditioned step ``step`` :math:`\gamma M` (``[d, d]``). With
-    :math:`A_i = I - \gamma M H_i` the client means follow :math:`m_i = (1 - p_c)(A_i m_i - \gamma M g_i) +
-    p_c\, c`, :math:`c = \frac1b \sum_j (A_j m_j - \gamma M g_j)` (the expectation over the coins is
-    linear), and every draw's mean is :math:`c`, the solution of
-
-    .. math::
-
-        \Big(I - \frac{p_c}{b} \sum_i A_i E_i^{-1}\Big) c = -\frac1b \sum_i E_i^{-1} \gamma M g_i,
-        \qquad E_i = I - (1 - p_c) A_i:
-
-    0 at :math:`p_c = 1` (the mode's :math:`\sum_i g_i = 0`), the average of the clients' own modes'
-    offsets :math:`-\frac1b \sum_i H_i^{-1} g_i` as :math:`p_c \to 0`. In float64."""
-    b, d = network.num_clients, gradients.shape[-1]
-    identity = torch.eye(d, dtype=torch.float64, device=gradients.device)
-    moves = identity - step.double() @ hessians.double()  # A_i
-    inverses = torch.linalg.inv(identity - (1 - comm_prob) * moves)  # E_i^-1
-    kept = network.sum((moves @ inverses).reshape(-1, d * d)).reshape(d, d)
-    pushed = network.sum((inverses @ (step.double() @ gradients.double()[..., None]))[..., 0])
-    return torch.linalg.solve(identity - comm_prob / b * kept, -pushed / b)
+def communication_probability(comm_prob: float | None, run: Run) -> float:
+    """The run's averaging probability: the user's ``comm_prob``, or the one the warm-up chose (``None``
+    given), or 1 where there was no warm-up to choose it (a given step and preconditioner)."""
+    if comm_prob is not None:
+        return comm_prob
+    chosen = run.chosen
+    return 1.0 if chosen is None or chosen.comm_prob != chosen.comm_prob else chosen.comm_prob
 
 
 @dataclass(kw_only=True)
 class Fald(Algorithm):
     """FALD as an :class:`~pyro_fed.algorithms.base.Algorithm`.
 
-    :param float comm_prob: :math:`p_c`, the probability of an averaging round per iteration.
+    :param float comm_prob: :math:`p_c`, the probability of an averaging round per iteration (``None``:
+        automatic, chosen by the warm-up from the clients' quadratic model, see
+        :func:`~pyro_fed.algorithms.drift.finish_communication`, and resolved for the run by
+        :meth:`resolve`).
     :param float noise_corr: :math:`\\tau`, the correlation of the clients' noises
         (:func:`~pyro_fed.algorithms.langevin.client_noise`).
     """
 
-    comm_prob: float = 1.0
+    comm_prob: float | None = 1.0
     noise_corr: float = 1.0
 
     state_type = FaldState
 
+    def resolve(self, run):
+        return {"comm_prob": communication_probability(self.comm_prob, run)}
+
     def averages_every_iteration(self):
         return self.comm_prob == 1.0
 
+    def average_step(self):
+        # the step is the average's; finish_adaptation bounds it by the clients' own stability and drift
+        return True
+
+    def finish_adaptation(self, chosen, run):
+        """The communication setting and the step the clients' drift allows
+        (:func:`~pyro_fed.algorithms.drift.finish_communication`)."""
+        return drift.finish_communication(self, chosen, run, refreshes=False)
+
+    def finish_window(self, algorithm, chosen, run):
+        return drift.finish_window(self, algorithm, chosen, run)
+
     def upload_rate(self, run):
-        return self.comm_prob
+        # an automatic setting is not known before the warm-up: its pilot is budgeted as for an average at
+        # every iteration
+        return 1.0 if self.comm_prob is None else self.comm_prob
 
     def init(self, positions):
         return init(positions, self.num_held)

@@ -36,8 +36,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import adaptation, traffic
-from .fald import Fald, local_and_average, position
+from . import adaptation, drift, traffic
+from .fald import Fald, communication_probability, local_and_average, position
 
 __all__ = [
     "VrFald",
@@ -154,17 +154,27 @@ class VrFald(Fald):
     state_type = VrFaldState
 
     def resolve(self, run):
+        comm_prob = communication_probability(self.comm_prob, run)
         refresh_prob = self.refresh_prob
+        chosen = run.chosen
+        if refresh_prob is None and chosen is not None and chosen.refresh_prob == chosen.refresh_prob:
+            refresh_prob = chosen.refresh_prob  # the clients' quadratic model chose it
         if refresh_prob is None:
             # with exact gradients and an average every iteration the shifts cancel in the average (the
             # clients' mean of G^i is grad U / b for any pair): this is FALD, and refreshes would only cost
-            exact_average = run.exact_gradients and self.averages_every_iteration()
+            exact_average = run.exact_gradients and comm_prob == 1.0
             refresh_prob = 0.0 if exact_average else run.event_probability
         return {
+            "comm_prob": comm_prob,
             "refresh_prob": refresh_prob,
             "full_gradients": run.full_gradients,
             "exact_gradients": run.exact_gradients,
         }
+
+    def finish_adaptation(self, chosen, run):
+        """The communication setting (the refresh probability with it) and the step the clients' drift
+        allows (:func:`~pyro_fed.algorithms.drift.finish_communication`)."""
+        return drift.finish_communication(self, chosen, run, refreshes=True)
 
     def gradient_evaluations(self, minibatches):
         # a minibatch at the iterate and at the reference point; full batches keep grad U^i(Y)
@@ -175,7 +185,7 @@ class VrFald(Fald):
 
     def upload_rate(self, run):
         # see averages; automatic refreshes are rare (a tenth of the data evaluations)
-        return self.comm_prob + 2 * (self.refresh_prob or 0.0)
+        return super().upload_rate(run) + 2 * (self.refresh_prob or 0.0)
 
     def init(self, positions):
         # the clients upload their full gradients at the initial point and the server broadcasts the

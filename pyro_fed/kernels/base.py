@@ -604,7 +604,7 @@ class FederatedKernel(MCMCKernel):
         return warmup.Sampler(
             name=type(algorithm).__name__,
             server_step=algorithm.server_step,
-            averages_every_iteration=algorithm.averages_every_iteration(),
+            average_step=algorithm.average_step(),
             random_at_full_batch=algorithm.random_at_full_batch(run),
             gradient_evaluations=algorithm.gradient_evaluations(minibatches=True),
             adaptation_noise=functools.partial(algorithm.adaptation_noise, run=run),
@@ -831,6 +831,7 @@ class FederatedKernel(MCMCKernel):
             max_pilot_iterations=self._pilot_budget(),
             draws=pooled[picked],
         )
+        self.adaptation = renewed = self.settings.finish_window(self.algorithm, renewed, self._run)
         _, start, _ = self.runner.constants
         self.runner.constants = (
             adaptation.preconditioned_step(renewed.step_size, renewed.preconditioner),
@@ -889,8 +890,9 @@ class FederatedKernel(MCMCKernel):
                 stacklevel=2,
             )
         last, buffer = self._served - 1, self.runner.buffer
+        convergence = self._end_of_run_check()
         return {
-            "convergence": self._end_of_run_check(),
+            "convergence": convergence,
             "step size": self.current_step_size,
             "preconditioner": None
             if self.adaptation is None
@@ -899,10 +901,26 @@ class FederatedKernel(MCMCKernel):
             "communication rounds": buffer.rounds_at(last, self._chain),
             "uploaded bits": buffer.bits("uploaded", last, self._chain),
             "downloaded bits": buffer.bits("downloaded", last, self._chain),
+            "uploaded MB": buffer.bits("uploaded", last, self._chain) / 8e6,
+            "MB per effective draw": self._megabytes_per_effective_draw(convergence),
             # what crossed a wire (none in one process): this process's, for all its chains
             "sent bytes": self.network.sent_bytes,
             "sample_stats": stats,
         }
+
+    def _megabytes_per_effective_draw(self, convergence: dict | None) -> float:
+        """What the clients uploaded over all the chains (warm-up and the warm-up's own rounds included), in
+        MB (``8e6`` bits), per effective draw: the smallest bulk ESS over the unconstrained coordinates of all
+        the chains' draws after warm-up (the end-of-run checks'); ``nan`` before every chain's draws are
+        computed or where no coordinate has an ESS."""
+        if convergence is None:
+            return math.nan
+        ess = [value for value in convergence["ess_bulk"].values() if math.isfinite(value)]
+        if not ess or min(ess) <= 0:
+            return math.nan
+        last, buffer = self._served - 1, self.runner.buffer
+        total = sum(buffer.bits("uploaded", last, chain) for chain in range(self.plan.num_chains))
+        return total / 8e6 / min(ess)
 
     def _end_of_run_check(self) -> dict | None:
         """Once every chain's draws are computed (at the end of the first chain Pyro is served: the chains

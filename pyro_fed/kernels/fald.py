@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
-from ..algorithms import adaptation, fald
+from ..algorithms import fald
 from .arguments import check_probability
 from .base import FederatedKernel
-
-#: client drift (in posterior sds of the draws' mean) above which FALD warns before the run
-DRIFT_WARNING = 0.1
 
 
 class FaldKernel(FederatedKernel):
@@ -98,7 +94,7 @@ class FaldKernel(FederatedKernel):
         *,
         step_size: float | None = None,
         preconditioner=None,
-        comm_prob: float = 1.0,
+        comm_prob: float | None = 1.0,
         noise_corr: float = 1.0,
         batch_size: int | float | str | None = None,
         prior_weights="proportional",
@@ -111,7 +107,7 @@ class FaldKernel(FederatedKernel):
         checkpoint=None,
         checkpoint_every: int | None = None,
     ):
-        self.comm_prob = check_probability("comm_prob", comm_prob)
+        self.comm_prob = None if comm_prob is None else check_probability("comm_prob", comm_prob)
         self.noise_corr = check_probability("noise_corr", noise_corr, allow_zero=True)
         super().__init__(
             model,
@@ -134,36 +130,8 @@ class FaldKernel(FederatedKernel):
     def _algorithm(self) -> fald.Fald:
         return fald.Fald(comm_prob=self.comm_prob, noise_corr=self.noise_corr)
 
-    def warn_before_run(self) -> None:
-        """Warn when client drift between averaging rounds moves the draws' mean by more than
-        ``DRIFT_WARNING`` posterior sds (:func:`~pyro_fed.algorithms.fald.drift_bias`, in a quadratic model of
-        the clients at the warm-up's mode), with the ``comm_prob`` that would keep it within that."""
-        chosen, pot = self.adaptation, self.potential
-        if chosen is None or self.comm_prob == 1.0 or pot.dim > adaptation.DENSE_DIMENSIONS:
-            return
-        # every client's Hessian at the mode (d Hessian-vector products per client, as the warm-up's)
-        hessians = adaptation.client_hessian_matrices(pot.full_gradient_fn, chosen.mode, pot.num_clients)
-        gradients = self._full_gradients(chosen.mode[None])[0]
-        mass = chosen.preconditioner
-        step = chosen.step_size * (mass.diag() if mass.dim() == 1 else mass)
-        scales = adaptation.marginal_scales(mass).double()
-
-        def worst(comm_prob: float) -> float:
-            bias = fald.drift_bias(step, comm_prob, hessians, gradients, pot.network)
-            return float((bias.abs() / scales).max())
-
-        bias = worst(self.comm_prob)
-        if bias <= DRIFT_WARNING:
-            return
-        low, high = self.comm_prob, 1.0  # the smallest comm_prob within the bound, to a factor of 1.5
-        while high / low > 1.5:
-            middle = (low * high) ** 0.5
-            low, high = (low, middle) if worst(middle) <= DRIFT_WARNING else (middle, high)
-        warnings.warn(
-            f"{type(self).__name__}: with comm_prob={self.comm_prob:.3g} the clients drift toward their own "
-            "posteriors between averaging rounds: in a quadratic model of the clients at the mode, the "
-            f"draws' mean is {bias:.2g} posterior sds off (client drift; the target is {DRIFT_WARNING}). "
-            f"comm_prob={high:.2g} or more keeps it within that; VrFaldKernel's control variates remove the "
-            "drift.",
-            stacklevel=2,
-        )
+    @property
+    def current_comm_prob(self) -> float | None:
+        """:math:`p_c` of the current run: the user's, or the one the warm-up chose (before set-up, the
+        user's: ``None`` when automatic)."""
+        return self.comm_prob if self.algorithm is None else self.algorithm.comm_prob

@@ -52,8 +52,9 @@ class Sampler(NamedTuple):
     chooses_batch_size: bool
     #: whether a server steps on the whole potential (QLSD), rather than every client on its own
     server_step: bool
-    #: whether every iteration ends with all clients at their average (FALD with ``comm_prob = 1``)
-    averages_every_iteration: bool
+    #: whether the step is set for the clients' average, one step of gamma / b on U (FALD's family: see
+    #: :meth:`~pyro_fed.algorithms.base.Algorithm.average_step`)
+    average_step: bool
     #: whether the gradient estimates are random even with full local batches
     random_at_full_batch: bool
     #: evaluations of each datum of a minibatch per iteration (2 for a control variate's two points)
@@ -405,7 +406,7 @@ def _stiffness(
     """The stiffness that bounds the step at each of ``points`` (``[P]``); the clients per step it is for
     (``adaptation.step_size``'s ``num_clients``); the rounds of uploads it cost; and the power iteration's
     last directions (``options`` go to :func:`~pyro_fed.algorithms.adaptation.client_stiffness`)."""
-    if sampler.server_step or sampler.averages_every_iteration:
+    if sampler.server_step or sampler.average_step:
         # the server steps on the whole potential, or the clients' steps from their common average are one
         # step of gamma / b on it: the stiffness of the sum of the clients' Hessians (per client, then)
         def total_products(at: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:

@@ -190,9 +190,10 @@ def test_a_run_resumed_between_the_warm_up_windows_meets_the_second_as_the_first
     first, _ = run(kernel(), num_samples=20, warmup=120)
     assert measured == [True, True]
     thinning = first.kernel.current_thinning
+    chunk = max(1, 8 // thinning) * thinning  # a chunk holds whole draws of chunk_size iterations at most
     # a chunk after the first window's 60 draws, before the second's 90
     interrupt(
-        kernel(checkpoint=path, checkpoint_every=1), call=75 * thinning // 8, num_samples=20, warmup=120
+        kernel(checkpoint=path, checkpoint_every=1), call=75 * thinning // chunk, num_samples=20, warmup=120
     )
     assert 60 * thinning <= checkpoint.load(str(path))["meta"]["computed"] < 90 * thinning
     measured.clear()
