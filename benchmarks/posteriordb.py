@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gzip
+import inspect
 import json
 import math
 import platform
@@ -103,7 +104,14 @@ CLIENTS = 10
 #: the two posteriors of ``--quick``: a flat-prior regression and the AR(5)
 QUICK = ("kidiq-kidscore_momhs", "arK-arK")
 
-#: the samplers, each at its defaults (``NUTS`` is run by :func:`run_nuts`)
+
+def count(clients) -> int:
+    """The number of clients of a split: ``clients`` itself, or the number of its index lists."""
+    return clients if isinstance(clients, int) else len(clients)
+
+
+#: the samplers, each at its defaults, then at the papers' federated settings (``NUTS`` is run by
+#: :func:`run_nuts`, ``consensus`` by :func:`run_consensus`)
 KERNELS: dict[str, Callable] = {
     "FALD": lambda model, clients: pyro_fed.FaldKernel(model, clients),
     "VR-FALD*": lambda model, clients: pyro_fed.VrFaldKernel(model, clients),
@@ -120,8 +128,50 @@ KERNELS: dict[str, Callable] = {
     "SVRG-LD": lambda model, clients: pyro_fed.SvrgLdKernel(model),
     "FSGLD": lambda model, clients: pyro_fed.FsgldKernel(model, clients),
     "DG-LMC": lambda model, clients: pyro_fed.DglmcKernel(model, clients),
+    # averaging at every iteration, the setting of earlier defaults
+    "FALD p=1": lambda model, clients: pyro_fed.FaldKernel(model, clients, comm_prob=1.0),
+    "VR-FALD* p=1": lambda model, clients: pyro_fed.VrFaldKernel(model, clients, comm_prob=1.0),
+    # the warm-up's choice of the averaging probability
+    "FALD auto": lambda model, clients: pyro_fed.FaldKernel(model, clients, comm_prob=None),
+    "VR-FALD* auto": lambda model, clients: pyro_fed.VrFaldKernel(model, clients, comm_prob=None),
+    # the papers' settings: an average every tenth iteration, or every b-th (the FALD paper's 1 / b)
+    "FALD p=0.1": lambda model, clients: pyro_fed.FaldKernel(model, clients, comm_prob=0.1),
+    "FALD p=1/b": lambda model, clients: pyro_fed.FaldKernel(model, clients, comm_prob=1 / count(clients)),
+    "VR-FALD* p=0.1": lambda model, clients: pyro_fed.VrFaldKernel(model, clients, comm_prob=0.1),
+    "VR-FALD* p=1/b": lambda model, clients: pyro_fed.VrFaldKernel(
+        model, clients, comm_prob=1 / count(clients)
+    ),
+    # the QLSD paper's: 2^4 or 2^8 quantisation levels, each client taking part with probability 0.5
+    "QLSD++ 2^4 p=0.5": lambda model, clients: pyro_fed.QlsdKernel(
+        model, clients, control_variate="svrg", quantization_levels=2**4, participation=0.5
+    ),
+    "QLSD++ 2^8 p=0.5": lambda model, clients: pyro_fed.QlsdKernel(
+        model, clients, control_variate="svrg", quantization_levels=2**8, participation=0.5
+    ),
 }
-SAMPLERS = (*KERNELS, "NUTS")
+SAMPLERS = (*KERNELS, "consensus", "NUTS")
+#: the samplers of the federated regime (``--regime``): the kernels at their defaults and at the papers'
+#: settings, D-ULA, FSGLD, one-shot consensus Monte Carlo and NUTS
+REGIME_SAMPLERS = (
+    "FALD",
+    "FALD p=1",
+    "FALD p=0.1",
+    "FALD p=1/b",
+    "VR-FALD*",
+    "VR-FALD* p=1",
+    "VR-FALD* p=0.1",
+    "VR-FALD* p=1/b",
+    "QLSD++",
+    "QLSD++ 2^4 p=0.5",
+    "QLSD++ 2^8 p=0.5",
+    "D-ULA",
+    "FSGLD",
+    "consensus",
+    "NUTS",
+)
+#: how the data are split into clients (``--split``): at random, or sorted by the response into contiguous
+#: clients (each site sees one range of outcomes, as hospitals or regions do)
+SPLITS = ("iid", "sorted")
 #: those of a run without ``--kernels``: the federated kernels (QLSD at its defaults is LSD, uncompressed and
 #: without control variates; QLSD++ is the variance-reduced one the accuracy targets name; SGLD, the
 #: one-client reference, with ``--kernels``) and NUTS
@@ -144,6 +194,24 @@ def clients_for(num_data: int) -> int:
     """The clients of a posterior's split: :data:`CLIENTS`, or fewer so that each holds at least two data
     points."""
     return max(1, min(CLIENTS, num_data // 2))
+
+
+def split(posterior: Posterior, args: tuple[torch.Tensor, ...], how: str):
+    """The clients of a posterior's split (``how`` of ``SPLITS``): :func:`clients_for`'s number of i.i.d.
+    clients, or as many contiguous clients of the data points sorted by the response (the model's argument
+    ``y``, the observed site of every model here), as equal in size as they can be."""
+    num_clients = clients_for(int(args[0].shape[0]))
+    if how == "iid":
+        return num_clients
+    response = args[list(inspect.signature(posterior.model).parameters).index("y")]
+    order = torch.argsort(response, stable=True)
+    bounds = [len(order) * i // num_clients for i in range(num_clients + 1)]
+    return [order[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def data_megabytes(args: tuple[torch.Tensor, ...]) -> float:
+    """What pooling the data costs: every number of the model's arguments sent once, 32 bits each, in MB."""
+    return sum(a.numel() for a in args) * 32 / 8e6
 
 
 def interleaved() -> list[str]:
@@ -258,8 +326,46 @@ def run_nuts(model, args, chains: int, warmup: int, samples: int, seed: int) -> 
     return runs, seconds
 
 
+def run_consensus(
+    model, clients, args, chains: int, warmup: int, samples: int, seed: int
+) -> tuple[list, float, int]:
+    """One-shot consensus Monte Carlo (:func:`pyro_fed.consensus.sample`: each client's sub-posterior
+    sampled by NUTS as :func:`run_nuts` samples the pooled data, the draws merged by the server): ``chains``
+    independent runs one after the other, their total time and the bits the clients uploaded."""
+    runs, seconds, bits = [], 0.0, 0
+
+    def nuts(sub_model):
+        return NUTS(
+            sub_model,
+            full_mass=True,
+            init_strategy=init_to_stan_uniform,
+            max_plate_nesting=1,
+            jit_compile=True,
+            ignore_jit_warnings=True,
+        )
+
+    for chain in range(chains):
+        pyro.set_rng_seed(seed + chain)
+        start = time.perf_counter()
+        result = pyro_fed.consensus.sample(
+            model, clients, *args, num_samples=samples, warmup_steps=warmup, kernel=nuts
+        )
+        seconds += time.perf_counter() - start
+        runs.append(result)
+        bits += result.uploaded_bits
+    return runs, seconds, bits
+
+
 def run_one(
-    name: str, sampler: str, *, chains: int, warmup: int, samples: int, dtype: torch.dtype, seed: int = 0
+    name: str,
+    sampler: str,
+    *,
+    chains: int,
+    warmup: int,
+    samples: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    how: str = "iid",
 ) -> dict:
     """One row: the sampler ``sampler`` on the posterior ``name``, compared with the reference. Never
     raises for the sampler's sake: an exception becomes a failed row with its type and first line."""
@@ -269,6 +375,8 @@ def run_one(
         posterior, args, reference = load(name, dtype)
         row["parameters_compared"] = len(reference)
         row["N"] = int(args[0].shape[0])  # every model's first argument has a row per data point
+        row["split"] = how
+        clients = split(posterior, args, how)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if sampler == "NUTS":
@@ -278,9 +386,18 @@ def run_one(
                 row["divergences"] = sum(
                     len(v) for run in runs for v in run.diagnostics()["divergences"].values()
                 )
+                row["uploaded_mb"] = data_megabytes(args)  # the data, pooled once
+            elif sampler == "consensus":
+                row["clients"] = count(clients)
+                runs, seconds, bits = run_consensus(
+                    posterior.model, clients, args, chains, warmup, samples, seed
+                )
+                per_chain = [draws(run, reference, posterior) for run in runs]
+                values = {k: np.concatenate([c[k] for c in per_chain], 0) for k in reference}
+                row["uploaded_mb"] = bits / 8e6
             else:
-                row["clients"] = clients_for(row["N"])
-                kernel = KERNELS[sampler](posterior.model, row["clients"])
+                row["clients"] = count(clients)
+                kernel = KERNELS[sampler](posterior.model, clients)
                 mcmc = MCMC(
                     kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True
                 )
@@ -293,6 +410,8 @@ def run_one(
         row.update(compare(values, reference))
         row["seconds"] = seconds
         row["ess_per_s"] = row["ess"] / seconds
+        if row.get("uploaded_mb") is not None:
+            row["mb_per_ess"] = row["uploaded_mb"] / row["ess"]
         row["error"] = None
     except Exception as error:  # a crash is a result: recorded, and the benchmark goes on
         row.update(passes=False, error=_first_line(error), traceback=traceback.format_exc(limit=-6))
@@ -313,8 +432,13 @@ def kernel_choices(kernel, mcmc: MCMC) -> dict:
     adaptation = getattr(kernel, "adaptation", None)
     if adaptation is not None:
         out["preconditioner"] = "dense" if adaptation.preconditioner.dim() == 2 else "diagonal"
+    for key, attribute in (("comm_prob", "current_comm_prob"), ("refresh_prob", "current_refresh_prob")):
+        value = getattr(kernel, attribute, None)
+        if value is not None:
+            out[key] = float(value)
     try:
         diagnostics = mcmc.diagnostics()
+        out["uploaded_mb"] = sum(diagnostics["uploaded bits"].values()) / 8e6
         out["divergences"] = sum(len(v) for v in diagnostics["divergences"].values())
         out["end_of_run_problems"] = diagnostics["convergence"]["chain 0"]["problems"]
     except (KeyError, TypeError, AttributeError):
@@ -348,6 +472,7 @@ def run_benchmark(
     samples: int,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    how: str = "iid",
     echo: bool = False,
     after_each: Callable[[list[dict]], object] | None = None,
 ) -> list[dict]:
@@ -360,7 +485,7 @@ def run_benchmark(
         these = []
         for sampler in order:
             row = run_one(
-                name, sampler, chains=chains, warmup=warmup, samples=samples, dtype=dtype, seed=seed
+                name, sampler, chains=chains, warmup=warmup, samples=samples, dtype=dtype, seed=seed, how=how
             )
             these.append(row)
             if echo:
@@ -381,12 +506,12 @@ def table(rows: list[dict], header: str) -> str:
         header,
         "",
         "| posterior | sampler | passes | mean err (param) | sd ratio (param) | R-hat | min ESS | s | ESS/s "
-        "| ×NUTS | failed checks, or error |",
-        "|---|---|:-:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| ×NUTS | MB up | ESS/MB | failed checks, or error |",
+        "|---|---|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if r.get("error") is not None:
-            cells = [r["posterior"], r["sampler"], "NO", "", "", "", "", "", "", "", f"**{r['error']}**"]
+            cells = [r["posterior"], r["sampler"], "NO", *[""] * 9, f"**{r['error']}**"]
         else:
             ratio = r.get("ess_per_s_ratio")
             cells = [
@@ -400,6 +525,8 @@ def table(rows: list[dict], header: str) -> str:
                 f"{r['seconds']:.1f}",
                 f"{r['ess_per_s']:.3g}",
                 "" if ratio is None else f"{ratio:.2f}",
+                "" if r.get("uploaded_mb") is None else f"{r['uploaded_mb']:.3g}",
+                "" if not r.get("uploaded_mb") else f"{r['ess'] / r['uploaded_mb']:.3g}",
                 "; ".join(r["failed"]),
             ]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
@@ -407,15 +534,19 @@ def table(rows: list[dict], header: str) -> str:
         "",
         "Per sampler:",
         "",
-        "| sampler | passes | errors | median ×NUTS (min, max) |",
-        "|---|---:|---:|---|",
+        "| sampler | passes | errors | median ×NUTS (min, max) | median MB per ESS (min, max) |",
+        "|---|---:|---:|---|---|",
     ]
     for sampler in dict.fromkeys(r["sampler"] for r in rows):
         mine = [r for r in rows if r["sampler"] == sampler]
         ratios = [r["ess_per_s_ratio"] for r in mine if r.get("ess_per_s_ratio") is not None]
         spread = f"{np.median(ratios):.2f} ({min(ratios):.2f}, {max(ratios):.2f})" if ratios else ""
+        costs = [r["mb_per_ess"] for r in mine if r.get("error") is None and r.get("mb_per_ess") is not None]
+        cost = f"{np.median(costs):.3g} ({min(costs):.3g}, {max(costs):.3g})" if costs else ""
         errors = sum(r.get("error") is not None for r in mine)
-        lines.append(f"| {sampler} | {sum(r['passes'] for r in mine)}/{len(mine)} | {errors} | {spread} |")
+        lines.append(
+            f"| {sampler} | {sum(r['passes'] for r in mine)}/{len(mine)} | {errors} | {spread} | {cost} |"
+        )
     without = [
         p
         for p in dict.fromkeys(r["posterior"] for r in rows)
@@ -434,6 +565,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(QUICK)}, tiny chains")
     parser.add_argument("--posteriors", help="comma-separated posteriordb names (default: all shipped)")
     parser.add_argument("--kernels", help=f"comma-separated samplers of {list(SAMPLERS)}")
+    parser.add_argument(
+        "--regime",
+        action="store_true",
+        help=f"the samplers of the federated regime: {', '.join(REGIME_SAMPLERS)} (unless --kernels)",
+    )
+    parser.add_argument("--split", choices=SPLITS, default="iid", help="how the data are split into clients")
     parser.add_argument("--chains", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--samples", type=int)
@@ -448,11 +585,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out / ("posteriordb_quick" if args.quick else "posteriordb"))
+        return merge(args.merge, args.out / stem_for(args.quick, args.regime, args.split))
     posteriors = (
         args.posteriors.split(",") if args.posteriors else list(QUICK if args.quick else interleaved())
     )
-    samplers = args.kernels.split(",") if args.kernels else list(DEFAULT_SAMPLERS)
+    samplers = (
+        args.kernels.split(",")
+        if args.kernels
+        else list(REGIME_SAMPLERS if args.regime else DEFAULT_SAMPLERS)
+    )
     for option, chosen, known in (("posteriors", posteriors, POSTERIORS), ("kernels", samplers, SAMPLERS)):
         unknown = sorted(set(chosen) - set(known))
         if unknown:
@@ -466,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     torch.set_default_dtype(dtype)  # the kernels' own tensors (steps, noise) in the same precision
     command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    stem = "posteriordb_quick" if args.quick else "posteriordb"
+    stem = stem_for(args.quick, args.regime, args.split)
     started = time.perf_counter()
 
     def write(rows: list[dict]) -> str:
@@ -481,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             "samples": samples,
             "dtype": args.dtype,
             "clients": CLIENTS,
+            "split": args.split,
             "seed": args.seed,
             "wall_seconds": time.perf_counter() - started,
             "python": platform.python_version(),
@@ -507,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             samples=samples,
             dtype=dtype,
             seed=args.seed,
+            how=args.split,
             echo=True,
             after_each=write,
         )
@@ -517,17 +660,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
+def stem_for(quick: bool, regime: bool, how: str) -> str:
+    """The results' file name: ``posteriordb``, with ``_regime`` for the regime's samplers, ``_sorted`` for
+    the sorted split and ``_quick`` for a smoke run."""
+    return "posteriordb" + "_regime" * regime + ("" if how == "iid" else f"_{how}") + "_quick" * quick
+
+
 def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
     """One table (``stem.md`` / ``.json``) from the results of several runs of the same sizes. A row of a
     later run replaces that of an earlier one for the same posterior and sampler (a sampler run again after
     a change: the header lists every run's command)."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     sizes = {
-        tuple(part["info"][k] for k in ("chains", "warmup", "samples", "dtype", "seed")) for part in parts
+        tuple(part["info"].get(k, "iid") for k in ("chains", "warmup", "samples", "dtype", "seed", "split"))
+        for part in parts
     }
     if len(sizes) != 1:
         raise SystemExit(
-            f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
+            f"--merge: the runs differ in (chains, warmup, samples, dtype, seed, split): {sorted(sizes)}"
         )
     # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
     latest = {(row["posterior"], row["sampler"]): row for part in parts for row in part["rows"]}
@@ -582,20 +732,29 @@ def header(info: dict) -> str:
     )
     return "\n".join(
         [
-            "# posteriordb: every kernel at its defaults and NUTS against Stan's reference posteriors",
+            "# posteriordb: the kernels and NUTS against Stan's reference posteriors"
+            + ("" if info.get("split", "iid") == "iid" else ", the clients' data sorted by the response"),
             "",
             written_by(info) + f" {count} of posteriordb "
             f"{info['posteriordb'][:7]}; each sampler {info['chains']} chains × ({info['warmup']} warm-up + "
-            f"{info['samples']} draws), {info['dtype']}, one CPU thread; the kernels on an i.i.d. split into "
-            f"{info['clients']} clients (fewer for fewer than 20 data points: eight schools on 4), NUTS "
-            "(dense mass matrix, chains one after the other) on the pooled "
-            f"data. Passes: every parameter's mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte "
+            f"{info['samples']} draws), {info['dtype']}, one CPU thread; the kernels on "
+            + (
+                "an i.i.d. split into "
+                if info.get("split", "iid") == "iid"
+                else "the data points sorted by the response and cut into as many contiguous "
+            )
+            + f"{info['clients']} clients (fewer for fewer than 20 data points: eight schools on 4), NUTS "
+            "(dense mass matrix, chains one after the other) on the pooled data, consensus Monte Carlo (each "
+            "client's sub-posterior sampled once by that NUTS, the draws merged). Passes: every parameter's "
+            f"mean within {MEAN_TARGET} reference sd + {MC_ERRORS:g} Monte "
             "Carlo standard errors (MCSE = sd / sqrt(bulk ESS), of the run and of the reference), its sd "
             f"within {SD_TARGET:.0%} + {MC_ERRORS:g} × sqrt(1/(2 ESS) + 1/(2 ESS_ref)), every R-hat ≤ "
             f"{RHAT_TARGET}. "
             "`mean err`: the worst |mean − ref| / ref sd; `sd ratio`: the sd / ref sd farthest from 1; "
             "`min ESS`: the smallest bulk ESS; `s`: the wall time of the run (warm-up and compilation "
-            "included); `×NUTS`: ESS/s over NUTS's on the same posterior. Wall time of the "
+            "included); `×NUTS`: ESS/s over NUTS's on the same posterior; `MB up`: what the clients "
+            "uploaded over all chains, warm-up included (for NUTS: the data, pooled once), `ESS/MB`: the "
+            "min ESS per MB uploaded. Wall time of the "
             f"{'whole benchmark' if info.get('parts', 1) == 1 else 'longest run'}: "
             f"{info['wall_seconds'] / 60:.0f} min.",
             "",
