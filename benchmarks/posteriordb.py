@@ -585,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out / stem_for(args.quick, args.regime, args.split))
+        return merge(args.merge, args.out, quick=args.quick, regime=args.regime)
     posteriors = (
         args.posteriors.split(",") if args.posteriors else list(QUICK if args.quick else interleaved())
     )
@@ -666,21 +666,29 @@ def stem_for(quick: bool, regime: bool, how: str) -> str:
     return "posteriordb" + "_regime" * regime + ("" if how == "iid" else f"_{how}") + "_quick" * quick
 
 
-def merge(paths: Sequence[Path], stem: Path) -> list[dict]:
-    """One table (``stem.md`` / ``.json``) from the results of several runs of the same sizes. A row of a
-    later run replaces that of an earlier one for the same posterior and sampler (a sampler run again after
-    a change: the header lists every run's command)."""
+def merge(paths: Sequence[Path], out: Path, *, quick: bool = False, regime: bool = False) -> list[dict]:
+    """One table (in ``out``, named by :func:`stem_for`) from the results of several runs of the same
+    sizes. A row of a later run replaces that of an earlier one for the same posterior and sampler (a
+    sampler run again after a change: the header lists every run's command). The table's split is the
+    first run's; of a run on another split only the NUTS rows are taken, since NUTS samples the pooled data
+    whatever the split."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     sizes = {
-        tuple(part["info"].get(k, "iid") for k in ("chains", "warmup", "samples", "dtype", "seed", "split"))
-        for part in parts
+        tuple(part["info"][k] for k in ("chains", "warmup", "samples", "dtype", "seed")) for part in parts
     }
     if len(sizes) != 1:
         raise SystemExit(
-            f"--merge: the runs differ in (chains, warmup, samples, dtype, seed, split): {sorted(sizes)}"
+            f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
         )
+    how = parts[0]["info"].get("split", "iid")
+    stem = out / stem_for(quick, regime, how)
     # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
-    latest = {(row["posterior"], row["sampler"]): row for part in parts for row in part["rows"]}
+    latest = {
+        (row["posterior"], row["sampler"]): row
+        for part in parts
+        for row in part["rows"]
+        if part["info"].get("split", "iid") == how or row["sampler"] == "NUTS"
+    }
     rows = list(latest.values())
     names = list(dict.fromkeys(row["posterior"] for row in rows))
     rows = add_ratios(sorted(rows, key=lambda r: (names.index(r["posterior"]), SAMPLERS.index(r["sampler"]))))

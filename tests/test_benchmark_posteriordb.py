@@ -204,6 +204,18 @@ def test_harness_rows_at_a_tiny_size(harness, tmp_path):
     # the three runs' commands and the merge's
     assert "Written by 3 runs" in text and text.count("`python benchmarks/posteriordb.py") == 3 + 1
     assert "posteriors> posteriors>" not in text
+    # of a run on another split only the NUTS rows (the pooled data, whatever the split) are taken
+    other = {"rows": [dict(r, seconds=3 * r["seconds"]) for r in saved["rows"]], "info": saved["info"]}
+    other["info"] = dict(saved["info"], split="sorted")
+    (tmp_path / "sorted.json").write_text(json.dumps(other))
+    merged = harness.main(
+        ["--merge", str(tmp_path / "sorted.json"), str(tmp_path / "posteriordb.json"), "--out", str(tmp_path)]
+    )
+    seconds = {(r["posterior"], r["sampler"]): r["seconds"] for r in saved["rows"]}
+    for row in merged:
+        factor = 1 if row["sampler"] == "NUTS" else 3
+        assert row["seconds"] == factor * seconds[row["posterior"], row["sampler"]]
+    assert (tmp_path / "posteriordb_sorted.md").exists()
 
 
 def test_a_crash_is_a_row(harness, monkeypatch):
