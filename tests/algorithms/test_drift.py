@@ -12,11 +12,10 @@ from pyro_fed.testing import (
     GaussianClients,
     fald_stationary_law,
     heterogeneous_gaussian_clients,
-    regression_clients,
     vr_fald_stationary_law,
 )
 
-from ..models import regression_data
+from .. import models
 
 
 def network(num_clients, dim):
@@ -26,12 +25,9 @@ def network(num_clients, dim):
 
 
 def sorted_regression(num_data=60, num_clients=6):
-    """A conjugate regression split by the ranges of its first feature (noise sd 0.5, prior N(0, I),
-    proportional prior weights): the clients' curvatures and posteriors differ."""
-    x, y = regression_data(num_data)
-    clients = torch.empty(num_data, dtype=torch.long)
-    clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
-    return regression_clients(x, y, clients, 0.5, prior_weights=torch.bincount(clients) / num_data)
+    """The exact client potentials of a conjugate regression on a sorted split
+    (:func:`models.sorted_regression`): the clients' curvatures and posteriors differ."""
+    return models.sorted_regression(num_data, num_clients)[3]
 
 
 def gaussian_clients(seed=0):
@@ -44,13 +40,11 @@ def whitened_problem(clients: GaussianClients):
     preconditioner (``R`` its symmetric root), and the same clients in the coordinates ``R`` whitens, where
     the exact laws (which know no preconditioner) are those of the preconditioned samplers."""
     mean, cov = clients.posterior()
-    values, vectors = torch.linalg.eigh(cov)
-    root = vectors @ torch.diag(values.sqrt()) @ vectors.T
+    whitened, root = models.preconditioned(clients, cov)
     net = network(clients.num_clients, clients.dim)
     model = drift.ClientQuadratics.at_mode(
         clients.precisions, clients.gradients(mean.expand(clients.num_clients, -1)), root, net
     )
-    whitened = GaussianClients(model.whitened, torch.linalg.solve(root, clients.means.T).T)
     return model, whitened, root
 
 

@@ -11,24 +11,22 @@ import torch
 from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_value
 
-from pyro_fed import FaldKernel
+from pyro_fed import FaldKernel, VrFaldKernel
 from pyro_fed.kernels.base import EXPLOSION_SCALES
+from pyro_fed.network.base import BITS_PER_FLOAT
 from pyro_fed.testing import batch_means_standard_error, fald_stationary_law, regression_clients
 
-from ..models import gaussian_regression, logistic_model, regression_data
+from ..models import (
+    gaussian_regression,
+    hierarchical_data,
+    hierarchical_regression,
+    logistic_model,
+    regression_data,
+    sorted_regression,
+)
 
 NOISE_SD = 0.5
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
-
-
-def heterogeneous_problem(num_data=40, num_clients=4):
-    """Regression data split by ranges of the first feature (the clients' local posteriors differ), and
-    the exact client potentials with the default proportional prior split."""
-    x, y = regression_data(num_data)
-    clients = torch.empty(num_data, dtype=torch.long)
-    clients[x[:, 0].argsort()] = torch.arange(num_data) * num_clients // num_data
-    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.bincount(clients) / num_data)
-    return x, y, clients, exact
 
 
 def run(kernel, args, num_samples, warmup=200, **kwargs):
@@ -52,7 +50,7 @@ def test_fald_full_batch_matches_exact_discretised_law():
     # comm_prob = 1, full local batches: every iteration ends at consensus, and the average follows
     # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (pyro_fed.algorithms.fald): a Gaussian AR(1).
     # Four chains run as one batch: each is a stationary chain of the exact law, independent of the others.
-    x, y, clients, exact = heterogeneous_problem()
+    x, y, clients, exact = sorted_regression(noise_sd=NOISE_SD)
     _, posterior_cov = exact.posterior()
     step = 4 * 0.5 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
     hyper = {"step_size": step, "comm_prob": 1.0, "noise_corr": 0.3}
@@ -74,7 +72,7 @@ def test_fald_full_batch_matches_exact_discretised_law():
 
 @pytest.mark.slow
 def test_fald_small_step_matches_exact_posterior():
-    x, y, clients, exact = heterogeneous_problem()
+    x, y, clients, exact = sorted_regression(noise_sd=NOISE_SD)
     mean, posterior_cov = exact.posterior()
     step = 4 * 0.05 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
     kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, step_size=step, comm_prob=1.0)
@@ -92,7 +90,7 @@ def test_fald_small_step_matches_exact_posterior():
 def test_fald_with_local_steps_matches_exact_law_on_heterogeneous_regression():
     # comm_prob < 1: clients drift toward their local posteriors between rounds; with full local batches
     # the stacked client iterates follow a random linear recursion whose stationary law is exact
-    x, y, clients, exact = heterogeneous_problem()
+    x, y, clients, exact = sorted_regression(noise_sd=NOISE_SD)
     mean, _ = exact.posterior()
     step = 4 * 0.4 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
     hyper = {"step_size": step, "comm_prob": 0.2, "noise_corr": 0.5}
@@ -352,3 +350,56 @@ def test_fald_warns_before_the_run_when_client_drift_moves_the_mean():
         warnings.simplefilter("always")
         run(FaldKernel(gaussian_regression(0.5), quadrants), (x, y), num_samples=2, warmup=0)
     assert not [w for w in caught if "drift" in str(w.message)]
+
+
+def test_fald_warns_before_the_run_on_a_hierarchical_model_with_heterogeneous_groups():
+    # one client per group: between the rounds (one per 10 iterations, the paper's setting) each client
+    # pulls the group intercepts and the common slope toward its own group's posterior; the quadratic model
+    # at the mode predicts the intercepts' draws 1.3-1.4 times too wide (measured on two seeds)
+    group, x, y = hierarchical_data()
+    with pytest.warns(
+        UserWarning, match=r"comm_prob=0\.1, .* the draws of intercept\[\d\] are .* times as wide"
+    ):
+        run(FaldKernel(hierarchical_regression, group, comm_prob=0.1), (group, x, y), num_samples=2, warmup=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(FaldKernel(hierarchical_regression, group), (group, x, y), num_samples=2, warmup=0)
+    assert not [w for w in caught if "quadratic model" in str(w.message)]
+
+
+@pytest.mark.slow
+def test_the_warned_hierarchical_setting_is_off():
+    # the draws at the warned setting against those averaging at every iteration: the intercepts' sd is
+    # predicted 1.27-1.42 times wider (measured: 1.33 for intercept[0]); with 470-890 effective draws of each
+    # an sd ratio's standard error is about sqrt(1 / (2 ESS) + 1 / (2 ESS')) = 0.04, so that the bound 1.1
+    # is 5 standard errors below the ratio predicted and 2.5 above an accurate setting's 1
+    group, x, y = hierarchical_data()
+    sds = {}
+    for comm_prob in (1.0, 0.1):
+        pyro.set_rng_seed(0)
+        kernel = FaldKernel(hierarchical_regression, group, comm_prob=comm_prob)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc = run(kernel, (group, x, y), num_samples=1000, warmup=300, num_chains=2)
+        sds[comm_prob] = mcmc.get_samples()["intercept"].std(0)
+    assert float((sds[0.1] / sds[1.0]).max()) > 1.1, sds
+
+
+@pytest.mark.parametrize("split", ["sorted", "iid"])
+@pytest.mark.parametrize("kernel_class", [FaldKernel, VrFaldKernel])
+def test_the_automatic_communication_uploads_no_more_than_averaging_every_iteration(kernel_class, split):
+    # the same draws at comm_prob=None and at comm_prob=1 (today's default): the automatic setting uploads
+    # no more, but for its one-off cost, the clients' gradients and Hessians at the mode (d + 1 averages of
+    # d floats) from which the quadratic model of the clients is built
+    x, y, clients, _ = sorted_regression(60, 6)
+    clients = clients if split == "sorted" else torch.arange(60) % 6
+    bits = {}
+    for comm_prob in (1.0, None):
+        pyro.set_rng_seed(0)
+        kernel = kernel_class(gaussian_regression(NOISE_SD), clients, comm_prob=comm_prob)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 200 draws: the end-of-run checks ask for more
+            mcmc = run(kernel, (x, y), num_samples=200)
+        bits[comm_prob] = mcmc.diagnostics()["uploaded bits"]["chain 0"]
+    d = x.shape[1]
+    assert bits[None] <= bits[1.0] + 6 * (d + 1) * d * BITS_PER_FLOAT, bits
