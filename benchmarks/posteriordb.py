@@ -749,7 +749,7 @@ def header(info: dict) -> str:
             + (
                 "an i.i.d. split into "
                 if info.get("split", "iid") == "iid"
-                else "the data points sorted by the response and cut into as many contiguous "
+                else "the data points sorted by the response and cut, in that order, into "
             )
             + f"{info['clients']} clients (fewer for fewer than 20 data points: eight schools on 4), NUTS "
             "(dense mass matrix, chains one after the other) on the pooled data, consensus Monte Carlo (each "

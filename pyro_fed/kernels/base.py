@@ -682,8 +682,9 @@ class FederatedKernel(MCMCKernel):
         )
 
     def warn_before_run(self) -> None:
-        """The kernel's own warnings once the warm-up chose its settings, before the chains start (FALD's
-        client drift); none by default."""
+        """The kernel's own warnings once the warm-up chose its settings, before the chains start (pSGLD's,
+        QLSD's, FSGLD's); none by default. FALD's client drift is said where the warm-up's settings are
+        finished (:meth:`~pyro_fed.algorithms.base.Algorithm.finish_adaptation`)."""
 
     def _mode(self, what: str, cost: str, remedy: str) -> torch.Tensor:
         """The potential's mode, for a sampler's own use of it (QLSD⋆'s fixed point, FSGLD's surrogates): the

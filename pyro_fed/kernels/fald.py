@@ -50,7 +50,16 @@ class FaldKernel(FederatedKernel):
     :param preconditioner: the inverse mass :math:`m` of preconditioned steps (default: adapted with an
         automatic ``step_size``, none with a given one), ``"adapt"`` or a tensor of ``d`` positive numbers;
         see :class:`~pyro_fed.FederatedKernel`.
-    :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration.
+    :param float comm_prob: :math:`p_c \in (0, 1]`, the probability of an averaging round per iteration
+        (default 1: an average every iteration). With ``comm_prob < 1`` and an automatic step the warm-up
+        models the clients as quadratics at the mode, cuts the step (at most 4-fold) until the predicted
+        drift error of the draws is within 0.05 posterior sd, and warns before the draws where it is not
+        (the error, its cause and the ``comm_prob`` that meets it). ``None``: the warm-up chooses the least
+        rounds within that target (from :math:`2^{-10}` to 1, VR-FALD⋆'s refresh probability with it), or 1
+        where rare rounds would need a smaller step; at most 1's traffic on conjugate models, a median of
+        3.3 times fewer MB per effective draw for VR-FALD⋆ on posteriordb's i.i.d. splits and none saved on
+        sorted ones, where an average every iteration is cheapest (see
+        :func:`~pyro_fed.algorithms.drift.finish_communication`).
     :param float noise_corr: :math:`\tau \in [0, 1]`, the correlation of the clients' noises.
     :param batch_size: minibatch size :math:`n_i` per client, a fraction of each client's data, or
         ``"full"`` (default ``None``: chosen with an automatic step, else full); see
