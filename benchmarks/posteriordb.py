@@ -148,6 +148,10 @@ KERNELS: dict[str, Callable] = {
     "QLSD++ 2^8 p=0.5": lambda model, clients: pyro_fed.QlsdKernel(
         model, clients, control_variate="svrg", quantization_levels=2**8, participation=0.5
     ),
+    # the warm-up's choice of the quantisation levels
+    "QLSD++ auto": lambda model, clients: pyro_fed.QlsdKernel(
+        model, clients, control_variate="svrg", quantization_levels="auto"
+    ),
 }
 SAMPLERS = (*KERNELS, "consensus", "NUTS")
 #: the samplers of the federated regime (``--regime``): the kernels at their defaults and at the papers'
@@ -157,13 +161,16 @@ REGIME_SAMPLERS = (
     "FALD p=1",
     "FALD p=0.1",
     "FALD p=1/b",
+    "FALD auto",
     "VR-FALD*",
     "VR-FALD* p=1",
     "VR-FALD* p=0.1",
     "VR-FALD* p=1/b",
+    "VR-FALD* auto",
     "QLSD++",
     "QLSD++ 2^4 p=0.5",
     "QLSD++ 2^8 p=0.5",
+    "QLSD++ auto",
     "D-ULA",
     "FSGLD",
     "consensus",
@@ -432,7 +439,11 @@ def kernel_choices(kernel, mcmc: MCMC) -> dict:
     adaptation = getattr(kernel, "adaptation", None)
     if adaptation is not None:
         out["preconditioner"] = "dense" if adaptation.preconditioner.dim() == 2 else "diagonal"
-    for key, attribute in (("comm_prob", "current_comm_prob"), ("refresh_prob", "current_refresh_prob")):
+    for key, attribute in (
+        ("comm_prob", "current_comm_prob"),
+        ("refresh_prob", "current_refresh_prob"),
+        ("quantization_levels", "current_quantization_levels"),
+    ):
         value = getattr(kernel, attribute, None)
         if value is not None:
             out[key] = float(value)

@@ -209,6 +209,9 @@ class Adaptation(NamedTuple):
     #: the predicted drift error of the run's communication setting, in posterior sds (``nan``: not
     #: predicted; see :meth:`~pyro_fed.algorithms.drift.ClientQuadratics.error`)
     drift_error: float = float("nan")
+    #: QLSD's quantisation levels chosen where the user left them automatic (``inf``: no compression;
+    #: ``nan``: the user's; see :func:`~pyro_fed.algorithms.levels.choose_levels`)
+    quantization_levels: float = float("nan")
 
 
 def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ..engine.randomness import Randomness
-from . import traffic
+from . import levels, traffic
 from .adaptation import control_variate_error, square_root, whiten
 from .base import Algorithm
 from .langevin import langevin_step
@@ -299,6 +299,9 @@ class Qlsd(Algorithm):
     :param fixed_point: :math:`\\theta_\\star`, ``[d]`` (for ``"fixed_point"``; ``None``: the run's mode).
     :param bool prior_on_server: the server holds the prior (the clients' estimates are of their likelihoods
         alone) and adds :math:`\\nabla U^0(\\theta)` to :math:`g`.
+    :param bool automatic_levels: the warm-up chooses the quantisation levels
+        (:func:`~pyro_fed.algorithms.levels.choose_levels`; ``compressor`` is then the one it measures the
+        noise with, no compression) and the run's algorithm takes them.
 
     Resolved for the run (:meth:`resolve`):
 
@@ -316,6 +319,7 @@ class Qlsd(Algorithm):
     snapshot_every: int | None = None
     fixed_point: torch.Tensor | None = None
     prior_on_server: bool = False
+    automatic_levels: bool = False
     full_gradients: Callable | None = None
     prior_gradient: Callable | None = None
     exact_gradients: bool = False
@@ -335,6 +339,19 @@ class Qlsd(Algorithm):
             return float(self.memory_rate)
         return memory_rate(self.control_variate, self.compressor.omega(dim))
 
+    @property
+    def finishes_adaptation(self) -> bool:
+        # the levels are chosen for the warm-up's noise and step: a step measured again from the chains'
+        # draws would be set for the uncompressed noise
+        return self.automatic_levels
+
+    def finish_adaptation(self, chosen, run):
+        """The quantisation levels of fewest bits per unit of Langevin time where they are automatic, with the
+        step that keeps the warm-up's accuracy at them (:func:`~pyro_fed.algorithms.levels.choose_levels`)."""
+        if not self.automatic_levels or chosen is None:
+            return chosen, self, []
+        return levels.choose_levels(self, chosen, run), self, []
+
     def resolve(self, run):
         snapshot_every = self.snapshot_every
         if self.control_variate == "svrg" and snapshot_every is None and not run.exact_gradients:
@@ -343,7 +360,9 @@ class Qlsd(Algorithm):
         prior_gradient = None
         if self.prior_on_server:  # the server's term of g
             prior_gradient = functools.partial(run.potential.server_prior, gradient=True)
+        chosen = levels.chosen_compressor(run.chosen) if self.automatic_levels else None
         return {  # the memory rate is resolved in __post_init__, also for an algorithm built bound
+            "compressor": self.compressor if chosen is None else chosen,
             "snapshot_every": snapshot_every,
             "full_gradients": run.full_gradients,
             "fixed_point": self.reference_point(run) if self.control_variate == "fixed_point" else None,

@@ -56,7 +56,10 @@ class QlsdKernel(FederatedKernel):
     **Reference:** Vono, Plassier, Durmus, Dieuleveut, Moulines, *QLSD: Quantised Langevin stochastic
     dynamics for Bayesian federated learning*, AISTATS 2022, Algorithms 1, 2 and S1.
 
-    :param int quantization_levels: :math:`s` (e.g. ``2**8``); ``None`` (default): no compression.
+    :param int quantization_levels: :math:`s` (e.g. ``2**8``); ``None`` (default): no compression;
+        ``"auto"``: the warm-up chooses the levels of fewest uploaded bits per unit of Langevin time at its
+        accuracy, among :math:`2, 4, \dots, 2^{16}` and none (:mod:`pyro_fed.algorithms.levels`; needs the
+        automatic step).
     :param str control_variate: ``None`` (default), ``"fixed_point"`` or ``"svrg"``.
     :param int snapshot_every: :math:`l`, iterations between SVRG snapshots (``"svrg"`` only; default
         ``None``: snapshots take a tenth of the data evaluations, :math:`l = \lceil N / (0.1 \cdot 2 \sum_i
@@ -84,7 +87,7 @@ class QlsdKernel(FederatedKernel):
         model,
         clients=None,
         *,
-        quantization_levels: int | None = None,
+        quantization_levels: int | str | None = None,
         control_variate: str | None = None,
         snapshot_every: int | None = None,
         memory_rate: float | None = None,
@@ -115,8 +118,20 @@ class QlsdKernel(FederatedKernel):
             raise ValueError(
                 f"fixed_point must be a flat unconstrained tensor of d numbers; got {fixed_point!r}."
             )
+        automatic_levels = isinstance(quantization_levels, str)
+        if automatic_levels and quantization_levels != "auto":
+            raise ValueError(
+                f"quantization_levels must be a positive integer (e.g. 2**8), None (no compression) or "
+                f"'auto' (chosen by the warm-up); got {quantization_levels!r}."
+            )
+        if automatic_levels and kwargs.get("step_size") is not None:
+            raise ValueError(
+                "quantization_levels='auto' is chosen from the warm-up's noise measurement, which a given "
+                "step_size skips: give quantization_levels (e.g. 2**8), or leave step_size out."
+            )
         self.quantization_levels = quantization_levels
-        self.compressor = compressor(quantization_levels)
+        # the automatic levels' warm-up measures the noise uncompressed, and the run takes the chosen ones
+        self.compressor = compressor(None if automatic_levels else quantization_levels)
         self.control_variate = control_variate
         self.snapshot_every = check_positive_int("snapshot_every", snapshot_every, "chosen")
         self.memory_rate = memory_rate
@@ -131,12 +146,23 @@ class QlsdKernel(FederatedKernel):
             snapshot_every=self.snapshot_every,
             fixed_point=fixed_point,
             prior_on_server=self.prior_on_server,
+            automatic_levels=automatic_levels,
         )
         super().__init__(model, clients, algorithm=algorithm, **kwargs)
 
     def current_memory_rate(self) -> float:
-        """:math:`\\alpha`: the user's, or :math:`1/(\\omega+1)` for ``"svrg"``, else 0."""
-        return self.settings.rate(self.potential.dim)
+        """:math:`\\alpha`: the user's, or :math:`1/(\\omega+1)` for ``"svrg"``, else 0 (of the run's
+        compressor once set up)."""
+        algorithm = self.settings if self.algorithm is None else self.algorithm
+        return algorithm.rate(self.potential.dim)
+
+    @property
+    def current_quantization_levels(self) -> int | str | None:
+        """:math:`s` of the current run: the user's, or the warm-up's choice (``None``: no compression;
+        ``"auto"`` before set-up)."""
+        if self.algorithm is None:
+            return self.quantization_levels
+        return getattr(self.algorithm.compressor, "levels", None)
 
     def warn_before_run(self) -> None:
         """Warn when the participation alone makes the automatic step more than ``PARTICIPATION_WARNING``

@@ -137,11 +137,21 @@ def test_a_resumed_run_draws_from_the_checkpointed_seeds_whatever_the_global_see
     assert kernel.rng.seed == checkpoint.load(str(path))["meta"]["seeds"][0]
 
 
-def test_the_automatic_warm_up_is_restored_not_run_again(tmp_path, monkeypatch):
+AUTOMATIC = {
+    "FALD": lambda **kw: FaldKernel(logistic_model, 4, comm_prob=0.5, **kw),
+    # the levels the warm-up chose, restored with it: the resumed run compresses as the first did
+    "QLSD++ automatic levels": lambda **kw: QlsdKernel(
+        logistic_model, 4, control_variate="svrg", quantization_levels="auto", **kw
+    ),
+}
+
+
+@pytest.mark.parametrize("name", AUTOMATIC)
+def test_the_automatic_warm_up_is_restored_not_run_again(tmp_path, monkeypatch, name):
     path = tmp_path / "automatic.pt"
 
     def kernel(**kw):
-        return FaldKernel(logistic_model, 4, comm_prob=0.5, gradient_mode="traced", chunk_size=8, **kw)
+        return AUTOMATIC[name](gradient_mode="traced", chunk_size=8, **kw)
 
     first, _ = run(kernel(), num_samples=10)
     expected = results(first)

@@ -201,6 +201,10 @@ AUTOMATIC = {
     "QLSD++ 2^8 levels, participation 0.5": lambda c, **kw: QlsdKernel(
         logistic_model, c, quantization_levels=2**8, control_variate="svrg", participation=0.5, **kw
     ),
+    # the quantiser's noise measured at each setting of the levels, summed over the clients wherever held
+    "QLSD++ automatic levels": lambda c, **kw: QlsdKernel(
+        logistic_model, c, quantization_levels="auto", control_variate="svrg", **kw
+    ),
     "D-ULA ring": lambda c, **kw: DulaKernel(logistic_model, c, **kw),
     "D-ULA graph": lambda c, **kw: DulaKernel(logistic_model, c, graph="erdos_renyi", **kw),
 }

@@ -10,8 +10,9 @@ import pyro
 import pytest
 import torch
 
+import pyro_fed
 from pyro_fed import FaldKernel, QlsdKernel
-from pyro_fed.algorithms import adaptation, qlsd
+from pyro_fed.algorithms import adaptation, levels, qlsd
 from pyro_fed.engine.randomness import Randomness
 from pyro_fed.kernels.qlsd import PARTICIPATION_WARNING
 from pyro_fed.network.compression import Compressor, StochasticQuantizer
@@ -33,7 +34,7 @@ from ..algorithms.test_adaptation import (
     preconditioned,
     run,
 )
-from ..models import gaussian_regression
+from ..models import gaussian_regression, sorted_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
 
@@ -341,6 +342,8 @@ def test_participation_whose_noise_shrinks_the_automatic_step_is_named_before_th
         ({"snapshot_every": 5}, "snapshot_every is the period of control_variate=.svrg.'s snapshots"),
         ({"control_variate": "saga"}, "control_variate must be one of"),
         ({"memory_rate": 2.0}, r"memory_rate must be in \[0, 1\]"),
+        ({"quantization_levels": "fewest"}, "or 'auto' \\(chosen by the warm-up\\)"),
+        ({"quantization_levels": "auto", "step_size": 0.01}, "quantization_levels='auto' is chosen from"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -437,3 +440,61 @@ def test_memory_rate_snapshot_and_server_gradient_rules():
     snapped = qlsd.snapshot(state, lambda p: p[:, None, :].expand(-1, 3, -1) * 3)
     torch.testing.assert_close(snapped.reference, server)
     torch.testing.assert_close(snapped.reference_grads, 3 * server[:, None, :].expand(-1, 3, -1))
+
+
+def upload_rate_per_langevin_time(kernel, mcmc) -> float:
+    """The bits uploaded per iteration of the draws (warm-up's excluded) over the step: per unit of the
+    Langevin time the chains travel."""
+    bits = pyro_fed.to_inference_data(mcmc, log_likelihood=False).sample_stats["uploaded_bits"].values[0]
+    per_iteration = (bits[-1] - bits[0]) / ((len(bits) - 1) * kernel.current_thinning)
+    return per_iteration / kernel.current_step_size
+
+
+@pytest.mark.parametrize("split", ["sorted", "iid"])
+@pytest.mark.parametrize("control_variate", [None, "svrg"], ids=["QLSD", "QLSD++"])
+def test_automatic_levels_upload_fewer_bits_per_langevin_time(control_variate, split):
+    # a conjugate regression over 6 clients: the quantiser's noise is small next to the posterior's
+    # curvature, so the warm-up compresses, shortens its step by little, and the chains cover their Langevin
+    # time for fewer bits than uncompressed
+    x, y, clients, _ = sorted_regression(60, 6)
+    clients = clients if split == "sorted" else torch.arange(60) % 6
+    runs = {}
+    for setting in (None, "auto"):
+        pyro.set_rng_seed(0)
+        kernel = QlsdKernel(
+            gaussian_regression(NOISE_SD),
+            clients,
+            quantization_levels=setting,
+            control_variate=control_variate,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # short runs: the end-of-run checks ask for more draws
+            runs[setting] = kernel, run(kernel, (x, y), num_samples=50, warmup=50)
+    (plain, plain_run), (auto, auto_run) = runs[None], runs["auto"]
+    assert auto.current_quantization_levels in levels.LEVELS[:-1]
+    assert auto.adaptation.quantization_levels == auto.current_quantization_levels
+    assert 0.9 * plain.current_step_size <= auto.current_step_size <= plain.current_step_size
+    assert upload_rate_per_langevin_time(auto, auto_run) < upload_rate_per_langevin_time(plain, plain_run)
+
+
+@pytest.mark.slow
+def test_automatic_levels_keep_the_warm_ups_accuracy():
+    # QLSD++ with the levels, minibatch, step and thinning the warm-up chose: g is unbiased and U quadratic,
+    # so the draws' mean is the posterior's (batch-means standard errors), and the step keeps every
+    # variance within the budget the noise of the chosen levels shares, 10%, as at fixed levels (above)
+    x, y, clients, exact = anisotropic_problem()
+    mean, covariance = exact.posterior()
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD), clients, control_variate="svrg", quantization_levels="auto"
+    )
+    pyro.set_rng_seed(0)
+    mcmc = run(kernel, (x, y), num_samples=5000, warmup=200, num_chains=4)
+    assert kernel.current_quantization_levels is not None  # it compresses
+    chains = mcmc.get_samples(group_by_chain=True)["w"]
+    se = torch.stack([batch_means_standard_error(c) for c in chains]).square().mean(0).sqrt() / 2
+    draws_mean = chains.mean(1).mean(0)
+    assert ((draws_mean - mean).abs() <= Z * se).all(), (draws_mean, mean, se)
+    ratio = torch.stack([c.var(0) for c in chains]).mean(0) / covariance.diagonal()
+    assert (ratio >= 0.85).all() and (ratio <= 1 + adaptation.VARIANCE_TARGET + 0.15).all(), ratio
+    omega = StochasticQuantizer(kernel.current_quantization_levels).omega(3)
+    assert kernel.current_memory_rate() == pytest.approx(1 / (omega + 1))  # the chosen levels' memories
