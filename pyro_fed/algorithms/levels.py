@@ -27,6 +27,10 @@ estimate from the clients' exact gradients, compressed (with QLSD++'s memories a
 estimate_noise`), its largest preconditioned variance less the uncompressed one's. Adding the largest
 coordinate's excess to the largest coordinate's noise bounds the noise from above: the step errs small.
 
+Where the warm-up measures the preconditioner again from the chains' draws (a posterior its Laplace
+approximation misjudges), the levels stay, since the run's iteration is prepared for them, and the new step
+is shortened for their noise at the new typical points (:func:`keep_levels`).
+
 The choice is the same in every process (the quantiser's uniforms are drawn by blocks of clients from fixed
 streams, and the variances summed over the network). The quadratic part of the trade, a shorter step for
 fewer bits, is exact; what it leaves out is the thinning's cap (``MAX_THINNING``): where the cap binds a
@@ -87,6 +91,14 @@ def quantiser_noise(settings: Algorithm, levels: int | None, chosen: Adaptation,
     return adaptation.gradient_noise(profile, run.network, per_client=False)
 
 
+def _added_noise(settings: Algorithm, levels: int | None, uncompressed: float, chosen: Adaptation, run: Run):
+    """What ``levels`` add to the noise ``chosen`` measured uncompressed (``uncompressed``: the quantiser's
+    measure without compression, participation's part)."""
+    if levels is None:
+        return 0.0
+    return max(0.0, quantiser_noise(settings, levels, chosen, run) - uncompressed)
+
+
 def weigh_levels(settings: Algorithm, chosen: Adaptation, run: Run) -> list[LevelChoice]:
     """Every setting of ``LEVELS``, weighed from the warm-up's ``chosen`` noise and stiffness (see the
     module's docstring); each client uploads its variances once per setting."""
@@ -94,35 +106,50 @@ def weigh_levels(settings: Algorithm, chosen: Adaptation, run: Run) -> list[Leve
     stiffness = (1 + adaptation.VARIANCE_TARGET) * chosen.stiffness
     weighed = []
     for levels in LEVELS:
-        added = (
-            0.0 if levels is None else max(0.0, quantiser_noise(settings, levels, chosen, run) - uncompressed)
-        )
-        noise = chosen.noise + added
+        noise = chosen.noise + _added_noise(settings, levels, uncompressed, chosen, run)
         bits = compressor(levels).bits(run.dim)
         weighed.append(LevelChoice(levels, bits, noise, bits * (noise + stiffness)))
     run.network.record_averages(len(LEVELS), shared=True)
     return weighed
 
 
-def choose_levels(settings: Algorithm, chosen: Adaptation, run: Run) -> Adaptation:
-    r"""``chosen`` with the levels of least cost (:func:`weigh_levels`; fewer bits where two cost the same)
-    and the step, noise, thinning and relaxation time that go with them: the step scaled by
-    :math:`(V_0 + (1 + \varepsilon)\bar\lambda) / (V(s) + (1 + \varepsilon)\bar\lambda)`, which keeps the
-    pilot's word on it (a shorter step stays stable)."""
-    weighed = weigh_levels(settings, chosen, run)
-    best = min(weighed, key=lambda choice: (choice.cost, choice.bits))
+def _with_levels(
+    chosen: Adaptation, run: Run, levels: int | None, noise: float, thinning: bool
+) -> Adaptation:
+    r"""``chosen`` at ``levels`` of noise ``noise``: the step scaled by :math:`(V_0 + (1 +
+    \varepsilon)\bar\lambda) / (V(s) + (1 + \varepsilon)\bar\lambda)`, which keeps the pilot's word on it
+    (a shorter step stays stable), the relaxation time with it, and the automatic thinning too where
+    ``thinning``."""
     stiffness = (1 + adaptation.VARIANCE_TARGET) * chosen.stiffness
-    step = chosen.step_size * (chosen.noise + stiffness) / (best.noise + stiffness)
-    thinning = chosen.thinning
-    if run.thinning is None:
-        thinning = adaptation.thinning_for(step, chosen.slowest)
+    step = chosen.step_size * (chosen.noise + stiffness) / (noise + stiffness)
+    every = chosen.thinning
+    if thinning and run.thinning is None:
+        every = adaptation.thinning_for(step, chosen.slowest)
     return chosen._replace(
         step_size=step,
-        noise=best.noise,
-        thinning=thinning,
+        noise=noise,
+        thinning=every,
         relaxation=adaptation.relaxation_time(step, chosen.slowest),
-        quantization_levels=math.inf if best.levels is None else float(best.levels),
+        quantization_levels=math.inf if levels is None else float(levels),
     )
+
+
+def choose_levels(settings: Algorithm, chosen: Adaptation, run: Run) -> Adaptation:
+    """``chosen`` with the levels of least cost (:func:`weigh_levels`; fewer bits where two cost the same),
+    and the step, noise, thinning and relaxation time that go with them."""
+    best = min(weigh_levels(settings, chosen, run), key=lambda choice: (choice.cost, choice.bits))
+    return _with_levels(chosen, run, best.levels, best.noise, thinning=True)
+
+
+def keep_levels(settings: Algorithm, levels: int | None, chosen: Adaptation, run: Run) -> Adaptation:
+    """What the warm-up measured again from the chains' draws (``chosen``, uncompressed: a better
+    preconditioner, another step), at the ``levels`` chosen before, which the run keeps (its iteration is
+    prepared for them): the noise they add at the new typical points and preconditioner, and the step
+    shortened for it; the thinning kept, as the window keeps it."""
+    uncompressed = quantiser_noise(settings, None, chosen, run)
+    noise = chosen.noise + _added_noise(settings, levels, uncompressed, chosen, run)
+    run.network.record_averages(2, shared=True)
+    return _with_levels(chosen, run, levels, noise, thinning=False)
 
 
 def chosen_compressor(chosen: Adaptation | None):

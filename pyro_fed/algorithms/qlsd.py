@@ -339,18 +339,20 @@ class Qlsd(Algorithm):
             return float(self.memory_rate)
         return memory_rate(self.control_variate, self.compressor.omega(dim))
 
-    @property
-    def finishes_adaptation(self) -> bool:
-        # the levels are chosen for the warm-up's noise and step: a step measured again from the chains'
-        # draws would be set for the uncompressed noise
-        return self.automatic_levels
-
     def finish_adaptation(self, chosen, run):
         """The quantisation levels of fewest bits per unit of Langevin time where they are automatic, with the
         step that keeps the warm-up's accuracy at them (:func:`~pyro_fed.algorithms.levels.choose_levels`)."""
         if not self.automatic_levels or chosen is None:
             return chosen, self, []
         return levels.choose_levels(self, chosen, run), self, []
+
+    def finish_window(self, algorithm, chosen, run):
+        """Where the levels are automatic, the step the warm-up measured again from the chains' draws
+        (uncompressed) shortened for the noise of the levels chosen before, which the run keeps
+        (:func:`~pyro_fed.algorithms.levels.keep_levels`)."""
+        if not self.automatic_levels:
+            return chosen
+        return levels.keep_levels(self, getattr(algorithm.compressor, "levels", None), chosen, run)
 
     def resolve(self, run):
         snapshot_every = self.snapshot_every

@@ -175,8 +175,9 @@ def test_the_automatic_warm_up_is_restored_not_run_again(tmp_path, monkeypatch, 
             assert type(value) is type(other) and (value == other or value != value and other != other), field
 
 
+@pytest.mark.parametrize("name", AUTOMATIC)
 def test_a_run_resumed_between_the_warm_up_windows_meets_the_second_as_the_first_run_did(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, name
 ):
     # the warm-up measures the preconditioner again from the chains' draws after each of its two windows (of
     # a warm-up of 120 draws: after 60 and 90); a run resumed between them holds the first window's
@@ -195,7 +196,7 @@ def test_a_run_resumed_between_the_warm_up_windows_meets_the_second_as_the_first
     path = tmp_path / "windows.pt"
 
     def kernel(**kw):
-        return FaldKernel(logistic_model, 4, comm_prob=0.5, gradient_mode="traced", chunk_size=8, **kw)
+        return AUTOMATIC[name](gradient_mode="traced", chunk_size=8, **kw)
 
     first, _ = run(kernel(), num_samples=20, warmup=120)
     assert measured == [True, True]

@@ -498,3 +498,32 @@ def test_automatic_levels_keep_the_warm_ups_accuracy():
     assert (ratio >= 0.85).all() and (ratio <= 1 + adaptation.VARIANCE_TARGET + 0.15).all(), ratio
     omega = StochasticQuantizer(kernel.current_quantization_levels).omega(3)
     assert kernel.current_memory_rate() == pytest.approx(1 / (omega + 1))  # the chosen levels' memories
+
+
+def test_automatic_levels_stay_and_shorten_the_step_measured_again_from_the_draws(monkeypatch):
+    # every window of the warm-up replaces the preconditioner here (no spread is within chance): the step
+    # it measures again, uncompressed, is shortened for the noise of the levels chosen before, which stay
+    # (the iteration is prepared for them), the thinning kept; the adaptation records them (a checkpoint
+    # restores them from it)
+    monkeypatch.setattr(adaptation, "DENSE_CONDITION", 0.0)
+    kept = []
+    original = levels.keep_levels
+
+    def recorded(settings, chosen_levels, chosen, run):
+        kept.append((chosen_levels, chosen, original(settings, chosen_levels, chosen, run)))
+        return kept[-1][2]
+
+    monkeypatch.setattr(levels, "keep_levels", recorded)
+    x, y, clients, _ = sorted_regression(60, 6)
+    kernel = QlsdKernel(
+        gaussian_regression(NOISE_SD), clients, quantization_levels="auto", control_variate="svrg"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run(kernel, (x, y), num_samples=20, warmup=120)
+    assert len(kept) == 2
+    for chosen_levels, measured, renewed in kept:
+        assert chosen_levels == kernel.current_quantization_levels is not None
+        assert renewed.quantization_levels == chosen_levels
+        assert renewed.step_size <= measured.step_size and renewed.thinning == measured.thinning
+    assert kernel.adaptation is kept[-1][2]
