@@ -10,6 +10,7 @@ PACKAGE = Path(pyro_fed.__file__).parent
 
 #: the layers, bottom first; a module may import from its own layer and those below it
 LAYERS = [
+    "messages",
     "engine",
     "data",
     "network",

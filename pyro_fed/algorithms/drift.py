@@ -56,11 +56,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from .. import messages
 from ..data.minibatch import client_batch_sizes
 from . import adaptation
 
@@ -456,7 +456,7 @@ def _communication(settings, chosen: Adaptation, run: Run) -> tuple[Communicatio
     if found.error <= DRIFT_WARNING:
         return found, step, None
     problem = _drift_problem(quadratics, settings, found, step, uncut, floor, run)
-    warnings.warn(f"pyro_fed: {problem}.", stacklevel=2)
+    messages.warn(f"pyro_fed: {problem}.")
     return found, step, problem
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import NamedTuple
 
 import torch
 
+from .. import messages
 from . import adaptation, convergence
 from .adaptation import Adaptation
 from .base import Algorithm, Run
@@ -218,7 +218,7 @@ def finish_step(settings: Algorithm, chosen: Adaptation, run: Run) -> tuple[Adap
         name = f"{name.replace('_', '-')} graph"
     report = step_problem(name, graph, chosen, consensus, drift, step, thinning, shares, run)
     if report is not None:
-        warnings.warn(f"pyro_fed: {report}.", stacklevel=2)
+        messages.warn(f"pyro_fed: {report}.")
     finished = chosen._replace(
         step_size=step, thinning=thinning, rounds=chosen.rounds + 1 + rounds, relaxation=relaxation
     )

@@ -20,11 +20,11 @@ function and its inputs.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
+from .. import messages
 from .compile import Prepared, layout, prepare
 
 Tensors = tuple[torch.Tensor, ...]
@@ -143,10 +143,9 @@ class ChunkEngine:
                 if self.meter is not None:  # its warm-up chunks' collectives were sent
                     self.meter.sent_bytes += _ChunkGraph.WARMUP_CHUNKS * len(inputs[0]) * function.sent_bytes
             except Exception as error:
-                warnings.warn(
+                messages.warn(
                     f"pyro_fed could not capture {self.what} as a CUDA graph ({type(error).__name__}: "
                     f"{error}); running its iterations one by one instead, which is slower.",
-                    stacklevel=4,
                 )
                 self._graphs[key] = None
         return self._graphs[key]

@@ -43,6 +43,8 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
 
+from .. import messages
+
 MODES = ("auto", "compiled", "traced", "eager")
 logger = logging.getLogger("pyro_fed")
 #: TorchInductor compilations made in this process (see :func:`compiled_before`)
@@ -247,11 +249,10 @@ def prepare(
             global _compilations
             _compilations += 1
     except Exception as error:  # a model or platform that cannot be traced/compiled keeps what works
-        warnings.warn(
+        messages.warn(
             f"pyro_fed could not prepare {what} in gradient_mode={mode!r} ({type(error).__name__}: "
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); running it {used} "
             "instead, which is slower.",
-            stacklevel=3,
         )
     if agree is not None:
         # the same questions in every process, whatever each one's answer: did any fall short of compiling,

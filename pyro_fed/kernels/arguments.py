@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import warnings
 
 import numpy as np
 import torch
 
+from .. import messages
 from ..data.partition import integral
 
 
@@ -109,12 +109,11 @@ def check_batch_size_fits(batch_size, client_sizes: torch.Tensor) -> None:
         )
     capped = int((client_sizes < batch_size).sum())
     if capped:
-        warnings.warn(
+        messages.warn(
             f"batch_size={batch_size} is larger than the data of {capped} of the {len(client_sizes)} "
             f"clients (the smallest holds {smallest} points): those use all their data at every iteration "
             f"(exact local gradients), the others minibatches of {batch_size}. A fraction (batch_size=0.1) "
             "draws the same share of every client's data instead.",
-            stacklevel=4,
         )
 
 

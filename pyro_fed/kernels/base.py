@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import math
 import os
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,6 +15,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from .. import messages
 from ..algorithms import adaptation, convergence
 from ..algorithms.base import Algorithm, Run
 from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING
@@ -671,14 +671,13 @@ class FederatedKernel(MCMCKernel):
         if covered / 2 >= min(convergence.ESS_PER_CHAIN, self._warned_draws):
             return
         self._warned_draws = covered / 2
-        warnings.warn(
+        messages.warn(
             f"pyro_fed: at {type(self).__name__}'s automatic step the slowest direction relaxes over about "
             f"{relaxation:.3g} iterations, and the automatic thinning puts the draws {chosen.thinning} "
             f"iterations apart (at most {adaptation.MAX_THINNING}, chosen before the warm-up's draws): the "
             f"{num_samples} draws per chain cover {covered:.3g} relaxation times, about {covered / 2:.3g} "
             f"independent draws per chain (the end-of-run checks ask for {convergence.ESS_PER_CHAIN}). Pass "
             f"thinning={math.ceil(relaxation / 2)} for nearly independent draws, or more num_samples.",
-            stacklevel=4,
         )
 
     def warn_before_run(self) -> None:
@@ -697,12 +696,11 @@ class FederatedKernel(MCMCKernel):
         search = warmup.find_mode(pot, pot.initial_flat)
         self.network.record_averages(search.evaluations, shared=True)
         if not search.converged:
-            warnings.warn(
+            messages.warn(
                 f"{what}: the search for the mode stopped after {search.evaluations} evaluations with a "
                 f"Newton decrement of {search.decrement:.3g} (by its own estimate of the Hessian; it stops "
                 f"at {MODE_TOLERANCE}): {cost}. {remedy}, or leave step_size automatic (the warm-up checks "
                 "the mode with the Hessian).",
-                stacklevel=5,
             )
         return search.point
 
@@ -882,13 +880,12 @@ class FederatedKernel(MCMCKernel):
         stats = self.sample_stats()
         diverging = stats.get("diverging", np.zeros(0, dtype=bool))
         if len(diverging) and diverging.mean() > DIVERGING_WARNING:
-            warnings.warn(
+            messages.warn(
                 f"{int(diverging.sum())} of the {len(diverging)} draws of chain {self._chain} diverged (a "
                 "step went non-finite or exploded and was reverted): the draws are not a sample of the "
                 f"posterior. Pass a smaller step_size (now {self.current_step_size:.3g}"
                 + (", chosen automatically" if self.step_size is None else "")
                 + ").",
-                stacklevel=2,
             )
         last, buffer = self._served - 1, self.runner.buffer
         convergence = self._end_of_run_check()
@@ -937,13 +934,12 @@ class FederatedKernel(MCMCKernel):
             report = convergence.check(draws, pot.space.coordinate_names)
             problems = report.problems + self.warmup_problems()
             if problems:
-                warnings.warn(
+                messages.warn(
                     "pyro_fed's end-of-run checks (unconstrained coordinates, all chains): "
                     + "; ".join(problems)
                     + f". More draws (num_samples), more iterations per draw (thinning, now "
                     f"{self.current_thinning}) or more chains tell more; a problem that stays is the model's "
                     "or the sampler's.",
-                    stacklevel=2,
                 )
             self._convergence = {**report.as_dict(), "problems": problems}
         return self._convergence

@@ -6,6 +6,7 @@ import warnings
 
 import torch
 
+from .. import messages
 from ..algorithms import convergence, dula
 from .arguments import check_positive, check_positive_int
 from .base import FederatedKernel
@@ -114,10 +115,9 @@ class DulaKernel(FederatedKernel):
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{name} must be a number in [0, 1); got {value!r}.")
         if schedule == "decaying" and not 0.5 + consensus_decay < step_decay < 1 and step_decay > 0:
-            warnings.warn(
+            messages.warn(
                 "D-ULA's convergence theory needs 1/2 + consensus_decay < step_decay < 1; got "
                 f"consensus_decay={consensus_decay} and step_decay={step_decay}.",
-                stacklevel=2,
             )
         if schedule == "constant":
             step_decay = consensus_decay = 0.0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from .. import messages
 from ..algorithms import adaptation, fsgld
 from .arguments import check_positive_int
 from .base import FederatedKernel
@@ -128,7 +128,7 @@ class FsgldKernel(FederatedKernel):
             if self.local_steps > 1
             else ""
         )
-        warnings.warn(
+        messages.warn(
             f"{type(self).__name__}: the conducive gradient's noise (the round's one client of "
             f"{self.network.num_clients}, what its surrogate misses of its potential scaled by 1/p_s"
             + (f", held for local_steps={self.local_steps}" if self.local_steps > 1 else "")
@@ -138,7 +138,6 @@ class FsgldKernel(FederatedKernel):
             f"need {shrink:.3g} times the iterations for the same accuracy. Surrogates closer to the "
             "clients' potentials (surrogate_form='dense', or your own, e.g. fitted to local draws), fewer "
             "local_steps or a larger batch_size reduce it." + bias,
-            stacklevel=2,
         )
 
 

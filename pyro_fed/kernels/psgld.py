@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from .. import messages
 from ..algorithms import psgld
 from .arguments import check_positive, check_probability
 from .base import FederatedKernel
@@ -134,7 +134,7 @@ class PsgldKernel(FederatedKernel):
         memory = (1.0 - self.decay) * relaxation
         if memory <= MEMORY_WARNING:
             return
-        warnings.warn(
+        messages.warn(
             f"{type(self).__name__}: at the automatic step the slowest direction relaxes over about "
             f"{relaxation:.3g} iterations, while V averages the squared gradients over 1 / (1 - decay) = "
             f"{1 / (1 - self.decay):.3g}: G then follows the chain in that direction and the dropped Gamma "
@@ -142,5 +142,4 @@ class PsgldKernel(FederatedKernel):
             f"on a Gaussian). decay={1 - MEMORY_TARGET / relaxation:.6g} keeps it within 2.5% (V then takes "
             "that many more iterations to settle: a longer warm-up); a kernel with the warm-up's full "
             "preconditioner (FaldKernel, SgldKernel) has no such bias.",
-            stacklevel=2,
         )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
+from .. import messages
 from ..algorithms import adaptation, qlsd
 from ..network.compression import compressor
 from .arguments import check_positive_int, check_probability
@@ -178,7 +178,7 @@ class QlsdKernel(FederatedKernel):
             return
         b, p = self.potential.network.num_clients, self.participation
         active = b * p / -math.expm1(b * math.log1p(-p))
-        warnings.warn(
+        messages.warn(
             f"{type(self).__name__}: with participation={p:.3g} and {b} clients the server's gradient "
             f"comes from {active:.3g} clients per iteration on average, scaled by b/|A|; their gradients "
             f"differ, and the random set alone makes the automatic step {shrink:.3g} times smaller than "
@@ -187,5 +187,4 @@ class QlsdKernel(FederatedKernel):
             "participation=1 for the same accuracy. A larger participation, or a control variate "
             "(control_variate='fixed_point' or 'svrg'), which leaves the random set only the clients' "
             "gradients' changes from the mode, reduces it.",
-            stacklevel=2,
         )

@@ -5,12 +5,12 @@ federated gradients."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from .. import messages
 from ..algorithms import adaptation
 from ..algorithms import mode as mode_search
 from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING, ModeSearch, newton_decrement
@@ -159,14 +159,13 @@ def _mode_and_preconditioner(pot, start: torch.Tensor, given, form: str):
         search = find_mode(pot, search.point, inverse_hessian=laplace)
         rounds += search.evaluations
     if decrement > MODE_WARNING:
-        warnings.warn(
+        messages.warn(
             f"pyro_fed's warm-up did not reach the mode of the potential: after {rounds} rounds its gradient "
             f"there is {decrement:.3g} posterior standard deviations from stationary (the Newton decrement "
             f"with the Laplace approximation's covariance; the search aims at {MODE_TOLERANCE}). The "
             "preconditioner, the step and the chains' starts were measured there. A posterior with many "
             "modes or none (a flat or improper direction) does this: check the model, or give step_size and "
             "initial_params.",
-            stacklevel=5,
         )
     return search.point, inverse_mass, curvature, clients, condition, slowest, decrement, rounds
 
@@ -294,12 +293,11 @@ def _noise_profile(pot, sampler: Sampler, seed, mode, points, root, batch) -> tu
 
 def _warn_blind(sampler: Sampler, consequence: str) -> None:
     """The warning for an ``adaptation_noise`` that never drew the minibatch estimates it was given."""
-    warnings.warn(
+    messages.warn(
         f"{sampler.name}.adaptation_noise never called the minibatch_gradients it was given, so the warm-up "
         f"cannot measure what a minibatch adds to the gradient noise: {consequence}. Draw the clients' "
         "estimates from minibatch_gradients(points) there (see "
         "pyro_fed.algorithms.base.Algorithm.adaptation_noise).",
-        stacklevel=6,
     )
 
 

@@ -7,9 +7,10 @@ either warns or raises in every process alike; none changes the potential.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+
+from .. import messages
 
 #: the latent sites whose gradient :func:`gradient_follows_potential` compares with the potential's
 #: differences, at most
@@ -60,13 +61,12 @@ def same_model_everywhere(pot) -> None:
     sized = [site.name for site in pot.latent_sites if pot.num_data in site.shape]
     sized = sized if pot.num_data != total else []
     if sized:
-        warnings.warn(
+        messages.warn(
             f"pyro_fed: latent site(s) {sized} have a dimension of {pot.num_data}, the data points this "
             f"process holds of {total} in all: if the model sizes them from its data (a parameter per "
             "datum or group of the data plate), each process samples another parameter and the posterior "
             "is wrong; size them from the whole data (pass the number of data points or groups to the "
             "model) and read them through the plate's indices.",
-            stacklevel=3,
         )
 
 
@@ -125,11 +125,10 @@ def gradient_follows_potential(pot, point: torch.Tensor) -> None:
             for k, site in enumerate(sites)
             if flagged[:, k].any()
         )
-        warnings.warn(
+        messages.warn(
             "pyro_fed: the model's gradient disagrees with how its potential changes near the initial "
             f"point, along a direction within each of these sites ({shown}). A model that takes a "
             "parameter's value out of torch (float(), .item(), .tolist(), NumPy) computes with it as a "
             "constant, no gradient flows through it, and the draws (NUTS's too) are of another "
             "posterior: write those steps with torch operations.",
-            stacklevel=5,
         )

@@ -26,12 +26,12 @@ algorithms*, AISTATS 2023, Section 2.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 
+from .. import messages
 from ..data.partition import pad_indices
 from .sites import ModelSites, error_reason
 from .unconstrained import UnconstrainedSpace
@@ -201,14 +201,13 @@ class ClientGradients:
             )
         except RuntimeError as error:
             self.vectorized = False
-            warnings.warn(
+            messages.warn(
                 "pyro_fed cannot vectorise the model over clients (torch.func.vmap: "
                 f"{error_reason(error)}); evaluating the {self.num_clients} clients one at a time instead, "
                 f"about {self.num_clients} times slower per iteration, and without tracing or compilation. "
                 "Common causes: a Python `if` on a parameter's value (use torch.where) or an in-place write "
                 "of a parameter into a tensor made inside the model (build it with torch.cat or "
                 "torch.stack).",
-                stacklevel=4,
             )
 
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,6 @@ Works with ArviZ 0.x (returns :class:`arviz.InferenceData`) and ArviZ 1.x (retur
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 from pyro.infer import MCMC
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from .. import messages
 from ..kernels.base import FederatedKernel
 from ..model.potential import FederatedPotential
 
@@ -219,11 +219,10 @@ def to_inference_data(
     samples = mcmc.get_samples(group_by_chain=True)
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     if num_draws < MIN_DIAGNOSED_DRAWS:
-        warnings.warn(
+        messages.warn(
             f"The run has {num_draws} draw{'s' if num_draws != 1 else ''} per chain: converted, but split "
             f"R-hat and the ESS need at least {MIN_DIAGNOSED_DRAWS} per chain (arviz.summary gives NaN for "
             "them, Pyro's mcmc.summary() fails). Run more draws (num_samples) to diagnose the chains.",
-            stacklevel=2,
         )
     flat_draws = {k: v.reshape(-1, *v.shape[2:]) for k, v in samples.items()}
     deterministic = _by_chain(potential.deterministic_values(flat_draws, chunk_size), num_chains)
@@ -291,11 +290,10 @@ def _posterior_predictive(
     them."""
     drawn = [name for name in potential.likelihood_sites if name not in factors]
     if factors:
-        warnings.warn(
+        messages.warn(
             f"posterior_predictive: the pyro.factor site{'s' if len(factors) > 1 else ''} "
             f"{', '.join(map(repr, factors))} of the plate {potential.plate!r} left out (a factor has no "
             f"value to draw); replicates of {', '.join(map(repr, drawn))} only.",
-            stacklevel=3,
         )
     replicates = potential.posterior_predictive(flat_draws, chunk_size)
     return _by_chain({k: v for k, v in replicates.items() if k in drawn}, num_chains)
