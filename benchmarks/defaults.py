@@ -427,7 +427,7 @@ def main(argv=None) -> None:
                 "preconditioner": "dense" if chosen.preconditioner.dim() == 2 else "diagonal",
                 "condition": chosen.condition,
                 "divergences": sum(len(v) for v in diagnostics["divergences"].values()),
-                "problems": diagnostics["convergence"]["chain 0"]["problems"],
+                "problems": kernel.end_of_run_checks["problems"],
             }
             row["ess_per_s"] = row["ess"] / seconds
             row["nuts_ess_per_s"] = row["nuts_ess"] / nuts_seconds

@@ -451,7 +451,7 @@ def kernel_choices(kernel, mcmc: MCMC) -> dict:
         diagnostics = mcmc.diagnostics()
         out["uploaded_mb"] = sum(diagnostics["uploaded bits"].values()) / 8e6
         out["divergences"] = sum(len(v) for v in diagnostics["divergences"].values())
-        out["end_of_run_problems"] = diagnostics["convergence"]["chain 0"]["problems"]
+        out["end_of_run_problems"] = kernel.end_of_run_checks["problems"]
     except (KeyError, TypeError, AttributeError):
         pass  # a kernel without them
     return out

@@ -245,7 +245,7 @@ def main(argv=None) -> None:
         iterations = (WARMUP // thinning + samples) * every
         bits = np.mean(list(diagnostics["uploaded bits"].values())) / iterations
         # the sample statistic is cumulative: its growth over the draws
-        stats = diagnostics["sample_stats"].values()
+        stats = [kernel.sample_stats(chain) for chain in range(mcmc.num_chains)]
         sampling = np.mean([s["uploaded_bits"][-1] - s["uploaded_bits"][0] for s in stats])
         rows.append(
             {

@@ -456,7 +456,7 @@ def run_federated(setting: dict, x, y, clients, lipschitz: float, seed: int, dev
         "divergences": divergences,
         "load": start_load,
         "iterations_per_chain": (setting["draws"] + setting["burn_in"]) * kernel.current_thinning,
-        "warnings": diagnostics["convergence"]["chain 0"]["problems"],
+        "warnings": kernel.end_of_run_checks["problems"],
     }
     if setting.get("defaults"):
         result["chosen"] = chosen_settings(kernel, lipschitz)

@@ -866,17 +866,32 @@ class FederatedKernel(MCMCKernel):
     def transforms(self):
         return None if self.potential is None else self.potential.transforms
 
-    def sample_stats(self) -> dict[str, np.ndarray]:
-        """Per-draw statistics of the served draws after warm-up of the current chain, as NumPy arrays:
+    def sample_stats(self, chain: int | None = None) -> dict[str, np.ndarray]:
+        """Per-draw statistics of the served draws after warm-up of ``chain`` (default: the current one), as
+        NumPy arrays (ArviZ's ``sample_stats`` group, :func:`~pyro_fed.to_inference_data`):
         ``diverging`` (a step was reverted), ``uploaded_bits`` and ``downloaded_bits`` (cumulative, summed
         over clients, from the start of warm-up; the adaptation, done once for all chains, on chain 0's), the
         algorithm's per-draw statistics (:meth:`~pyro_fed.algorithms.base.Algorithm.report`)
         (FALD's ``dispersion``, D-ULA's ``consensus_error``) and its coins (FALD's ``communicated``,
         VR-FALD⋆'s ``refreshed``, QLSD's ``active_clients`` and ``snapshot``). With ``thinning > 1`` the flags
         say whether it happened in the draw's iterations, the counts are summed over them."""
-        return self.runner.buffer.sample_stats(self._chain, self._warmup_steps, self._served)
+        chain = self._chain if chain is None else chain
+        return self.runner.buffer.sample_stats(chain, self._warmup_steps, self._served)
+
+    @property
+    def end_of_run_checks(self) -> dict | None:
+        """The end-of-run checks of all the chains' draws (:func:`pyro_fed.algorithms.convergence.check`):
+        per unconstrained coordinate ``r_hat``, ``ess_bulk``, ``ess_tail`` and ``mcse_mean``, and the
+        ``problems`` (sentences, the warning's); ``None`` before every chain's draws are computed."""
+        return self._end_of_run_check()
 
     def diagnostics(self) -> dict:
+        """The current chain's diagnostics, a few numbers as NUTS's (``mcmc.diagnostics()`` gathers them per
+        chain): the divergent draws, the step size, the averaging rounds, the bits uploaded and downloaded,
+        the MB uploaded and per effective draw, the bytes this process sent, and the end-of-run checks'
+        verdict (``"passed"``, or their problems). The per-draw statistics are ArviZ's ``sample_stats``
+        (:meth:`sample_stats`), the preconditioner is the warm-up's (``kernel.adaptation``), the checks'
+        figures per coordinate are :attr:`end_of_run_checks`."""
         stats = self.sample_stats()
         diverging = stats.get("diverging", np.zeros(0, dtype=bool))
         if len(diverging) and diverging.mean() > DIVERGING_WARNING:
@@ -889,13 +904,12 @@ class FederatedKernel(MCMCKernel):
             )
         last, buffer = self._served - 1, self.runner.buffer
         convergence = self._end_of_run_check()
+        verdict = None
+        if convergence is not None:
+            verdict = convergence["problems"] or "passed"
         return {
-            "convergence": convergence,
-            "step size": self.current_step_size,
-            "preconditioner": None
-            if self.adaptation is None
-            else self.adaptation.preconditioner.cpu().numpy(),
             "divergences": np.flatnonzero(stats.get("diverging", [])).tolist(),
+            "step size": self.current_step_size,
             "communication rounds": buffer.rounds_at(last, self._chain),
             "uploaded bits": buffer.bits("uploaded", last, self._chain),
             "downloaded bits": buffer.bits("downloaded", last, self._chain),
@@ -903,7 +917,7 @@ class FederatedKernel(MCMCKernel):
             "MB per effective draw": self._megabytes_per_effective_draw(convergence),
             # what crossed a wire (none in one process): this process's, for all its chains
             "sent bytes": self.network.sent_bytes,
-            "sample_stats": stats,
+            "end-of-run checks": verdict,
         }
 
     def _megabytes_per_effective_draw(self, convergence: dict | None) -> float:

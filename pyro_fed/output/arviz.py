@@ -130,10 +130,10 @@ def _chain_diagnostics(mcmc, num_chains: int) -> list[dict]:
 def _sample_stats(mcmc, num_chains: int, num_draws: int) -> dict[str, np.ndarray]:
     """Per-draw statistics: a pyro_fed kernel's own (see :func:`to_inference_data`); for Pyro's kernels,
     ``diverging`` from the divergent draws that each chain's diagnostics list."""
-    diagnostics = _chain_diagnostics(mcmc, num_chains)
     if isinstance(mcmc.kernel, FederatedKernel):
-        stats = [d["sample_stats"] for d in diagnostics]
+        stats = [mcmc.kernel.sample_stats(chain) for chain in range(num_chains)]
         return {k: np.stack([s[k] for s in stats]) for k in stats[0]}
+    diagnostics = _chain_diagnostics(mcmc, num_chains)
     diverging = np.zeros((num_chains, num_draws), dtype=bool)
     for c in range(num_chains):
         diverging[c, diagnostics[c].get("divergences", [])] = True

@@ -78,7 +78,8 @@ def test_a_run_of_frozen_chains_warns_once_and_a_healthy_run_is_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no warning of ours
         healthy.run(x, y)
-    figures = healthy.diagnostics()["convergence"]["chain 1"]
+    figures = healthy.kernel.end_of_run_checks
+    assert healthy.diagnostics()["end-of-run checks"] == {"chain 0": "passed", "chain 1": "passed"}
     assert figures["problems"] == [] and set(figures["r_hat"]) == {"w[0]", "w[1]", "w[2]"}
     assert all(value < 1.01 for value in figures["r_hat"].values())
     # a step a thousand times too small: the chains stay where they started
@@ -94,7 +95,8 @@ def test_a_run_of_frozen_chains_warns_once_and_a_healthy_run_is_silent():
         frozen.run(x, y)
     messages = [str(w.message) for w in record if "end-of-run" in str(w.message)]
     assert len(messages) == 1 and "R-hat above 1.01 for 3 of 3" in messages[0]
-    assert frozen.diagnostics()["convergence"]["chain 0"]["problems"][0].startswith("R-hat")
+    assert frozen.kernel.end_of_run_checks["problems"][0].startswith("R-hat")
+    assert frozen.diagnostics()["end-of-run checks"]["chain 0"][0].startswith("R-hat")
 
 
 def test_coordinate_names_follow_the_sites():

@@ -64,7 +64,7 @@ def test_chains_are_independent_reproducible_and_keep_their_statistics():
         logistic_model, CLIENTS, step_size=0.02, comm_prob=0.3, batch_size=5, gradient_mode="traced"
     )
     mcmc = run(kernel, num_chains=3)
-    stats = [d["sample_stats"] for d in mcmc._diagnostics]
+    stats = [kernel.sample_stats(chain) for chain in range(3)]
     per_average = 4 * 3 * 32  # 4 clients upload d = 3 floats
     for chain, s in enumerate(stats):
         assert len(s["communicated"]) == 60
@@ -97,7 +97,7 @@ def test_counts_and_thinning():
     kernel = FaldKernel(logistic_model, CLIENTS, step_size=0.02, batch_size=5, thinning=5, chunk_size=30)
     mcmc = run(kernel, num_samples=13, warmup=7)
     assert mcmc.get_samples()["w"].shape == (13, 3)
-    stats = mcmc._diagnostics[0]["sample_stats"]
+    stats = kernel.sample_stats(0)
     assert len(stats["uploaded_bits"]) == 13
     # draw j after warm-up is iteration 5 (7 + j + 1)
     assert stats["uploaded_bits"].tolist() == [per_iteration * 5 * (7 + j + 1) for j in range(13)]

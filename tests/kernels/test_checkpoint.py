@@ -94,7 +94,7 @@ def results(mcmc):
     keys = ("uploaded bits", "downloaded bits", "communication rounds")
     return (
         mcmc.get_samples(group_by_chain=True),
-        diagnostics["sample_stats"],
+        {f"chain {chain}": mcmc.kernel.sample_stats(chain) for chain in range(mcmc.num_chains)},
         {key: diagnostics[key] for key in keys},
     )
 

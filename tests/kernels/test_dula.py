@@ -250,7 +250,7 @@ def test_sgld_is_one_agent_ula():
     # one agent has no neighbour: no bits and no rounds while sampling, only the warm-up's uploads
     diagnostics = kernel.diagnostics()
     assert diagnostics["communication rounds"] == 0
-    assert (diagnostics["sample_stats"]["uploaded_bits"] == diagnostics["uploaded bits"]).all()
+    assert (kernel.sample_stats()["uploaded_bits"] == diagnostics["uploaded bits"]).all()
 
 
 def heterogeneous_ring(num_agents=6, num_data=120):
@@ -317,8 +317,9 @@ def test_decaying_steps_that_freeze_the_chains_say_so():
     )
     with pytest.warns(UserWarning, match="D-ULA's decaying steps, down to .* The chains barely move"):
         run(kernel, (x, y), num_samples=100, warmup=100)
-    problems = kernel.diagnostics()["convergence"]["problems"]
+    problems = kernel.end_of_run_checks["problems"]
     assert any(p.startswith("D-ULA's decaying steps") for p in problems)
+    assert kernel.diagnostics()["end-of-run checks"] == problems
 
 
 def test_the_agents_disagreement_on_a_curved_posterior_shrinks_the_step():
@@ -471,5 +472,5 @@ def test_a_step_that_no_search_can_make_usable_is_named_before_the_run(monkeypat
     assert f"D-ULA's automatic step is {step:.3g}" in message
     assert "on this ring of 6 agents" in message and "at no step" in message
     assert "the graph and the split leave no usable step" in message
-    problems = kernel.diagnostics()["convergence"]["problems"]
+    problems = kernel.end_of_run_checks["problems"]
     assert any(p.startswith("D-ULA's automatic step is") for p in problems)

@@ -192,7 +192,7 @@ def test_megabytes_per_effective_draw_are_the_bits_counted_over_the_smallest_bul
     )
     mcmc = run(kernel, (x, (y > 0).double()), num_samples=200, warmup=50, num_chains=2)
     diagnostics = mcmc.diagnostics()
-    bits = [int(s["uploaded_bits"][-1]) for s in diagnostics["sample_stats"].values()]
+    bits = [int(kernel.sample_stats(chain)["uploaded_bits"][-1]) for chain in range(2)]
     assert diagnostics["uploaded MB"] == {f"chain {c}": bits[c] / 8e6 for c in range(2)}
     draws = mcmc.get_samples(group_by_chain=True)["w"].numpy()  # unconstrained: w is real
     smallest = min(float(az.ess(draws[..., j], method="bulk")) for j in range(draws.shape[-1]))
@@ -403,3 +403,23 @@ def test_the_automatic_communication_uploads_no_more_than_averaging_every_iterat
         bits[comm_prob] = mcmc.diagnostics()["uploaded bits"]["chain 0"]
     d = x.shape[1]
     assert bits[None] <= bits[1.0] + 6 * (d + 1) * d * BITS_PER_FLOAT, bits
+
+
+def test_diagnostics_print_as_nuts_s_do():
+    # a 2-chain run of a 10-coordinate model: per site r_hat and n_eff, per chain a few numbers; the per-draw
+    # statistics and the preconditioner are elsewhere (ArviZ's sample_stats, the kernel's adaptation)
+    x, y = regression_data(200, dim=10)
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(logistic_model, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 100 draws: the end-of-run checks ask for more
+        mcmc = run(kernel, (x, (y > 0).double()), num_samples=100, warmup=50, num_chains=2)
+    diagnostics = mcmc.diagnostics()
+    assert set(diagnostics) == {
+        "w", "divergences", "step size", "communication rounds", "uploaded bits", "downloaded bits",
+        "uploaded MB", "MB per effective draw", "sent bytes", "end-of-run checks",
+    }  # fmt: skip
+    assert len(str(diagnostics)) < 3000
+    verdict = kernel.end_of_run_checks["problems"] or "passed"
+    assert diagnostics["end-of-run checks"] == {"chain 0": verdict, "chain 1": verdict}
+    assert len(kernel.sample_stats(1)["uploaded_bits"]) == 100
