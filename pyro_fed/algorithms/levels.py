@@ -23,9 +23,10 @@ Langevin time,
 over ``LEVELS`` and no compression. :math:`V(s)` is the warm-up's measured noise (the minibatch's and the
 participation's, uncompressed) plus what the quantiser adds at the warm-up's typical points: the server's
 estimate from the clients' exact gradients, compressed (with QLSD++'s memories at their rate for that
-:math:`\omega`) on ``QUANTISER_DRAWS`` draws of the quantiser's uniforms (:func:`~pyro_fed.algorithms.qlsd.
-estimate_noise`), its largest preconditioned variance less the uncompressed one's. Adding the largest
-coordinate's excess to the largest coordinate's noise bounds the noise from above: the step errs small.
+:math:`\omega`) on ``QUANTISER_DRAWS`` draws of the quantiser's uniforms
+(:func:`~pyro_fed.algorithms.qlsd.estimate_noise`), its largest preconditioned variance less the
+uncompressed one's. Adding the largest coordinate's excess to the largest coordinate's noise bounds the
+noise from above: the step errs small.
 
 Where the warm-up measures the preconditioner again from the chains' draws (a posterior its Laplace
 approximation misjudges), the levels stay, since the run's iteration is prepared for them, and the new step
