@@ -46,7 +46,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
+
+import torch
 
 from ..network.compression import compressor
 from . import adaptation
@@ -74,40 +77,63 @@ class LevelChoice(NamedTuple):
     cost: float
 
 
-def quantiser_noise(settings: Algorithm, levels: int | None, chosen: Adaptation, run: Run) -> float:
+def exact_gradients(run: Run) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The clients' exact gradients as ``QUANTISER_DRAWS`` "minibatches" of their whole data (points ``[P,
+    d]`` to ``[R, P, b, d]``: only the quantiser and the coins vary), each set of points evaluated once:
+    every setting weighed reads the same points."""
+    evaluated: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def gradients(points: torch.Tensor) -> torch.Tensor:
+        for seen, found in evaluated:
+            if seen.shape == points.shape and torch.equal(seen, points):
+                return found
+        found = run.full_gradients(points)
+        evaluated.append((points, found.expand(QUANTISER_DRAWS, *found.shape)))
+        return evaluated[-1][1]
+
+    return gradients
+
+
+def quantiser_noise(
+    settings: Algorithm, levels: int | None, chosen: Adaptation, run: Run, exact: Callable
+) -> float:
     r"""The largest preconditioned variance of the server's estimate from the clients' exact gradients at
     the warm-up's typical points, compressed with ``levels`` (what compression and participation add, no
     minibatch's), as the warm-up measures noise (:func:`~pyro_fed.algorithms.adaptation.gradient_noise`).
 
     :param settings: the QLSD family's settings (:class:`~pyro_fed.algorithms.qlsd.Qlsd`), unbound.
-    :param chosen: what the warm-up chose, measured uncompressed."""
+    :param chosen: what the warm-up chose, measured uncompressed.
+    :param exact: the clients' exact gradients (:func:`exact_gradients`)."""
     candidate = dataclasses.replace(settings, compressor=compressor(levels))  # its own memory rate
-
-    def exact(points):  # every "minibatch" the client's whole data: only the quantiser and the coins vary
-        gradients = run.full_gradients(points)
-        return gradients.expand(QUANTISER_DRAWS, *gradients.shape)
-
     draws = candidate.adaptation_noise(exact, chosen.mode, chosen.typical_points, run)
     profile = adaptation.noise_profile(draws, adaptation.square_root(chosen.preconditioner))
     return adaptation.gradient_noise(profile, run.network, per_client=False)
 
 
-def _added_noise(settings: Algorithm, levels: int | None, uncompressed: float, chosen: Adaptation, run: Run):
+def _added_noise(
+    settings: Algorithm,
+    levels: int | None,
+    uncompressed: float,
+    chosen: Adaptation,
+    run: Run,
+    exact: Callable,
+) -> float:
     """What ``levels`` add to the noise ``chosen`` measured uncompressed (``uncompressed``: the quantiser's
     measure without compression, participation's part)."""
     if levels is None:
         return 0.0
-    return max(0.0, quantiser_noise(settings, levels, chosen, run) - uncompressed)
+    return max(0.0, quantiser_noise(settings, levels, chosen, run, exact) - uncompressed)
 
 
 def weigh_levels(settings: Algorithm, chosen: Adaptation, run: Run) -> list[LevelChoice]:
     """Every setting of ``LEVELS``, weighed from the warm-up's ``chosen`` noise and stiffness (see the
     module's docstring); each client uploads its variances once per setting."""
-    uncompressed = quantiser_noise(settings, None, chosen, run)
+    exact = exact_gradients(run)
+    uncompressed = quantiser_noise(settings, None, chosen, run, exact)
     stiffness = (1 + adaptation.VARIANCE_TARGET) * chosen.stiffness
     weighed = []
     for levels in LEVELS:
-        noise = chosen.noise + _added_noise(settings, levels, uncompressed, chosen, run)
+        noise = chosen.noise + _added_noise(settings, levels, uncompressed, chosen, run, exact)
         bits = compressor(levels).bits(run.dim)
         weighed.append(LevelChoice(levels, bits, noise, bits * (noise + stiffness)))
     run.network.record_averages(len(LEVELS), shared=True)
@@ -146,10 +172,14 @@ def keep_levels(settings: Algorithm, levels: int | None, chosen: Adaptation, run
     """What the warm-up measured again from the chains' draws (``chosen``, uncompressed: a better
     preconditioner, another step), at the ``levels`` chosen before, which the run keeps (its iteration is
     prepared for them): the noise they add at the new typical points and preconditioner, and the step
-    shortened for it; the thinning kept, as the window keeps it."""
-    uncompressed = quantiser_noise(settings, None, chosen, run)
-    noise = chosen.noise + _added_noise(settings, levels, uncompressed, chosen, run)
-    run.network.record_averages(2, shared=True)
+    shortened for it; the thinning kept, as the window keeps it. No compression adds nothing, and nothing is
+    measured for it."""
+    noise = chosen.noise
+    if levels is not None:
+        exact = exact_gradients(run)
+        uncompressed = quantiser_noise(settings, None, chosen, run, exact)
+        noise += _added_noise(settings, levels, uncompressed, chosen, run, exact)
+        run.network.record_averages(2, shared=True)
     return _with_levels(chosen, run, levels, noise, thinning=False)
 
 
