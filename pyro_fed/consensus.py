@@ -121,13 +121,18 @@ class _ClientRestriction(Messenger):
     sites (the prior, global observed sites and factors) are scaled by ``prior_weight``; and the constrained
     values of the ``latent`` sites are recorded (for :meth:`log_abs_det_jacobian`)."""
 
-    def __init__(self, plate: str, num_data: int, indices: torch.Tensor, prior_weight: float, latent, full):
+    def __init__(self, plate: str, indices: torch.Tensor, prior_weight: float, latent, full, positions: bool):
         super().__init__()
-        self.plate, self.num_data, self.indices = plate, num_data, indices
+        self.plate, self.indices = plate, indices
         self.prior_weight = prior_weight
         self.latent = set(latent)
         #: whether the user's plate is declared with ``subsample_size`` equal to its size (a full plate)
         self.full = full
+        #: whether the plate's index ``k`` reads row ``k`` of the data arguments (already the client's rows:
+        #: a model that reads its data at full size), rather than datum ``indices[k]``
+        self.positions = positions
+        #: the plate's size as the model declares it (``N``, or ``N_i`` for one sized from the client's rows)
+        self.declared = len(indices)
         self.values: dict[str, tuple[torch.Tensor, torch.distributions.constraints.Constraint]] = {}
 
     def _pyro_sample(self, msg) -> None:
@@ -135,21 +140,22 @@ class _ClientRestriction(Messenger):
             if msg["name"] == self.plate:
                 # the plate's size as the sampler sees it: N_i (a sampler injecting indices draws them in
                 # 0..N_i-1; NUTS takes them all); the indices are mapped to the client's data afterwards
-                size = len(self.indices)
+                size, self.declared = len(self.indices), msg["fn"].size
                 msg["fn"] = _Subsample(size, size if self.full else None, device=msg["fn"].device)
             return
         if not is_random_variable(msg):
             return
         if any(frame.name == self.plate for frame in msg["cond_indep_stack"]):
-            # Pyro's plate scales by N / (subsample size), N the user's declared size: N_i / N makes it
+            # Pyro's plate scales by its declared size over the subsample's: N_i / declared makes it
             # N_i / (subsample size), i.e. 1 per datum when the sampler takes the client's whole plate
-            msg["scale"] = msg["scale"] * (len(self.indices) / self.num_data)
+            msg["scale"] = msg["scale"] * (len(self.indices) / self.declared)
         else:
             msg["scale"] = msg["scale"] * self.prior_weight
 
     def _pyro_post_sample(self, msg) -> None:
         if site_is_subsample(msg) and msg["name"] == self.plate:
-            msg["value"] = self.indices.to(msg["value"].device)[msg["value"]]
+            if not self.positions:
+                msg["value"] = self.indices.to(msg["value"].device)[msg["value"]]
         elif msg["name"] in self.latent:  # observed too: samplers condition the latent sites on their values
             self.values[msg["name"]] = (msg["value"], msg["fn"].support)
 
@@ -213,14 +219,26 @@ class ClientModel:
         ]
         return -min(dims) if dims else 0
 
+    def arguments(self, *args, **kwargs) -> tuple[tuple, dict]:
+        """The arguments to run this sub-model with, from the user's model's: the client's rows of the data
+        arguments for a model that reads its data at full size (a model written for NUTS; see
+        :mod:`pyro_fed.model.rows`), which a pyro_fed kernel then splits further; the same arguments for one
+        that reads them through the plate's indices. (Called with the whole data, the sub-model takes its
+        rows itself: a sampler that does not split the data further, as NUTS, can be given either.)"""
+        rows = self.sites.rows
+        if rows is not None and rows.holds_all_rows(args, kwargs):
+            return rows.select(args, kwargs, self.indices)
+        return args, kwargs
+
     def __call__(self, *args, **kwargs):
+        args, kwargs = self.arguments(*args, **kwargs)
         restriction = _ClientRestriction(
             self.sites.plate,
-            self.sites.num_data,
             self.indices,
             self.prior_weight,
             self.sites.latent_names,
             self.sites.full_size_subsample,
+            positions=self.sites.rows is not None,
         )
         # a plate declared with subsample_size = N would refuse the client's N_i indices
         full = (
@@ -567,7 +585,8 @@ def sample(
             num_chains=num_chains,
             disable_progbar=not progress,
         )
-        mcmc.run(*model_args, **model_kwargs)
+        client_args, client_kwargs = sub_model.arguments(*model_args, **model_kwargs)
+        mcmc.run(*client_args, **client_kwargs)
         draws = mcmc.get_samples(group_by_chain=True)
         missing = [name for name in sites.latent_names if name not in draws]
         if missing:

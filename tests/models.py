@@ -15,6 +15,15 @@ def logistic_model(x, y=None):
         )
 
 
+def logistic_model_for_nuts(x, y=None):
+    """:func:`logistic_model` as a NUTS user writes it: the logits computed at full size before the plate,
+    ``obs=y`` at full size inside it."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    logits = x @ w
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
 def scaled_regression(x, y=None):
     """Linear regression with a constrained (HalfNormal) noise scale: transforms and Jacobians count."""
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
@@ -36,6 +45,18 @@ def gaussian_regression(noise_sd, validate_args=None):
                 dist.Normal(pyro.subsample(x, event_dim=1) @ w, noise_sd, validate_args=validate_args),
                 obs=pyro.subsample(y, event_dim=0),
             )
+
+    return model
+
+
+def gaussian_regression_for_nuts(noise_sd):
+    """:func:`gaussian_regression` as a NUTS user writes it (the mean at full size, ``obs=y``)."""
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        mean = x @ w
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(mean, noise_sd), obs=y)
 
     return model
 

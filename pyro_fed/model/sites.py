@@ -52,6 +52,8 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to, constraints
 
+from .rows import DataRows
+
 #: half-width of the box of the unconstrained space where a site that cannot be sampled starts (Stan's and
 #: Pyro's :func:`~pyro.infer.autoguide.initialization.init_to_uniform` default)
 INITIAL_RADIUS = 2.0
@@ -445,7 +447,11 @@ class ModelSites:
         #: for the likelihood sites whose masked-out observed entries are not finite: a datum's observed
         #: value written there while the model runs (see ``_FillMasked``)
         self.placeholders = self._placeholders()
-        self._check_model_reads_plate_indices()
+        #: the model's data arguments, for a model that reads its data at full size (a model written for
+        #: NUTS): each evaluation runs it on their rows (:mod:`pyro_fed.model.rows`); ``None`` for a model
+        #: that reads them through the plate's indices, which are injected into the plate
+        self.rows: DataRows | None = None
+        self._find_how_data_are_read()
 
     def draw_initial_trace(self) -> Trace:
         """A fresh run of the model with its latent values drawn by the init strategy."""
@@ -562,6 +568,34 @@ class ModelSites:
         if not self.latent_names:
             raise ValueError("The model has no continuous global latent site to sample.")
 
+    def _find_how_data_are_read(self) -> None:
+        """Through the plate's indices (tried first: such a model keeps its evaluations as they were), else
+        by the rows of the model's data arguments (:mod:`pyro_fed.model.rows`), checked against the
+        full-size run; refused, naming the site, the plate and the two ways out, where neither holds."""
+        for name in self.likelihood_sites:
+            value = self.initial_trace.nodes[name]["value"]
+            if not torch.is_tensor(value):  # Pyro records what it was given (a NumPy array, a list)
+                kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+                error = TypeError(f"observed site {name!r} has a value of type {kind}, not a tensor")
+                self._diagnose(error, self.initial_trace, f"at its observed site {name!r}")
+                raise ValueError(
+                    f"Observed site {name!r} has a value of type {kind}: pass the model's data as torch "
+                    "tensors (`torch.as_tensor(data)`)."
+                ) from error
+        try:
+            self._check_model_reads_plate_indices()
+            return
+        except ValueError:
+            rows = DataRows(self.model, self.model_args, self.model_kwargs, self.num_data)
+            if not rows:  # no argument holds a row per datum: nothing else to try
+                raise
+        self.rows = rows
+        try:
+            self._check_rows()
+        except Exception:
+            self.rows = None
+            raise
+
     def _check_model_reads_plate_indices(self) -> None:
         n = min(2, self.num_data - 1) if self.num_data > 1 else 1
         values = {name: self.initial_trace.nodes[name]["value"] for name in self.latent_names}
@@ -571,31 +605,107 @@ class ModelSites:
             self._diagnose(error, self.initial_trace, f"when run on a subsample of {n} indices")
             raise ValueError(
                 f"The model failed when run on a subsample of {n} indices of plate {self.plate!r} "
-                f"({type(error).__name__}: {error}). pyro_fed injects each client's minibatch indices into "
-                "the plate, so the model must read its data through them: `pyro.subsample(data, "
-                f"event_dim=...)` or `with pyro.plate({self.plate!r}, N) as idx: ... data[idx]`."
+                f"({_first_line(error)}). {self._ways_out(error)}"
             ) from error
+        self._check_follows_plate(trace, n)
+
+    def _check_follows_plate(self, trace: Trace, n: int) -> None:
+        """Refuse a likelihood site of ``trace`` (a run on ``n`` data) whose distribution or value does not
+        have ``n`` entries along the data plate's dimension."""
         for name in self.likelihood_sites:
             fn, value = trace.nodes[name]["fn"], trace.nodes[name]["value"]
-            if not torch.is_tensor(value):  # Pyro records what it was given (a NumPy array, a list)
-                kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
-                error = TypeError(f"observed site {name!r} has a value of type {kind}, not a tensor")
-                self._diagnose(error, trace, f"at its observed site {name!r}")
-                raise ValueError(
-                    f"Observed site {name!r} has a value of type {kind}: pass the model's data as torch "
-                    "tensors (`torch.as_tensor(data)`)."
-                ) from error
             value_batch = value.shape[: value.dim() - len(fn.event_shape)]
             if not all(
                 len(s) >= -self.plate_dim and s[self.plate_dim] == n for s in (fn.batch_shape, value_batch)
             ):
                 raise ValueError(
-                    f"Observed site {name!r} does not follow the indices of plate {self.plate!r}: with a "
-                    f"subsample of {n} indices its distribution has batch shape {tuple(fn.batch_shape)} and "
-                    f"its value shape {tuple(value.shape)}. Read the data through "
-                    "the plate's indices: `pyro.subsample(data, event_dim=...)` or "
-                    f"`with pyro.plate({self.plate!r}, N) as idx: ... data[idx]`."
+                    f"Observed site {name!r} does not follow the data of plate {self.plate!r}: run on {n} of "
+                    f"them its distribution has batch shape {tuple(fn.batch_shape)} and its value shape "
+                    f"{tuple(value.shape)}. {self._ways_out(site=name)}"
                 )
+
+    def _ways_out(self, error: Exception | None = None, site: str | None = None) -> str:
+        """What a model must do for its data to be split, naming ``site`` or the site that ``error`` names."""
+        named = re.search(r"at site (\S+)", str(error)) if error is not None else None
+        site = site or (named[1] if named else None)
+        plate = repr(self.plate)
+        where = f"site {site!r} in plate {plate} reads" if site else f"the sites of plate {plate} read"
+        return (
+            f"pyro_fed gives each client its part of the data, and {where} data it cannot split. Pass "
+            "the data to the model as arguments, one row per datum (`mcmc.run(x, y)`, as for NUTS), or read "
+            f"them through the plate's indices: `pyro.subsample(data, event_dim=...)` or `with "
+            f"pyro.plate({self.plate!r}, N) as idx: ... data[idx]`. Data that reach the model another way (a "
+            "closure or a module global at full size) cannot be split."
+        )
+
+    def _check_rows(self) -> None:
+        """Check the rows form (:mod:`pyro_fed.model.rows`) on a few data, in another order than theirs: the
+        run on their rows must give every likelihood site the log-densities that the full-size run gives
+        those data, and every other site the same shape and density. Equal to the rounding of reductions
+        over fewer rows: a relative ``1e-4`` in float32, ``1e-8`` in float64."""
+        ends = torch.tensor([self.num_data - 1, self.num_data // 2, 0])
+        values = {name: self.initial_trace.nodes[name]["value"] for name in self.latent_names}
+        indices = torch.unique_consecutive(ends).to(values[self.latent_names[0]].device)
+        n, arguments = len(indices), ", ".join(self.rows.names)
+        sized = self._sized_from_rows(values, indices)
+        if sized:
+            raise ValueError(
+                f"Site {sized[0]!r} outside plate {self.plate!r} changes shape when the model is run on "
+                f"{n} rows of its data arguments ({arguments}): a parameter sized from the data is another "
+                "parameter on each client's part. Size it from the whole data (pass the number of data "
+                "points or groups to the model)."
+            )
+        try:
+            trace = self.run(values, indices)
+        except Exception as error:
+            self._diagnose(error, self.initial_trace, f"when run on {n} rows of its data arguments")
+            raise ValueError(
+                f"The model failed when run on {n} rows of its data arguments ({arguments}) "
+                f"({_first_line(error)}). {self._ways_out(error)}"
+            ) from error
+        self._check_follows_plate(trace, n)
+        latent = next(iter(values.values()))
+        tolerance = 1e-4 if latent.dtype == torch.float32 else 1e-8
+        for name in self.latent_names + self.global_observed:
+            full, part = self.initial_trace.nodes[name], trace.nodes[name]
+            if not _close(_log_density(part).sum(), _log_density(full).sum(), tolerance):
+                raise ValueError(
+                    f"The density of site {name!r} outside plate {self.plate!r} changes when the model is "
+                    f"run on {n} rows of its data arguments ({arguments}): a prior computed from the data "
+                    "(a scale from y.std()) would be another prior on each client's part. Compute it from "
+                    "the whole data beforehand and pass it to the model."
+                )
+        for name in self.likelihood_sites:
+            full = self._per_datum(self.pointwise_log_prob(self.initial_trace, name))[indices.cpu()]
+            part = self._per_datum(self.pointwise_log_prob(trace, name))
+            if not _close(part, full.to(part.device), tolerance):
+                raise ValueError(
+                    f"Observed site {name!r} in plate {self.plate!r} gives other log-densities when the "
+                    f"model is run on {n} rows of its data arguments ({arguments}) than at full size for "
+                    f"the same data. {self._ways_out(site=name)}"
+                )
+
+    def _sized_from_rows(self, values: dict[str, torch.Tensor], indices: torch.Tensor) -> list[str]:
+        """The latent sites whose distribution has another shape when the model runs on the rows
+        ``indices`` of its data arguments, at the latent ``values``: the run goes as far as it can (a site's
+        distribution is recorded before the model computes with its value)."""
+        args, kwargs = self.rows.select(self.model_args, self.model_kwargs, indices)
+        positions = torch.arange(len(indices), device=indices.device)
+        tracer = poutine.trace(poutine.condition(self.model, data={**values, self.plate: positions}))
+        full_size = full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
+        with pyro.validation_enabled(False), full_size, contextlib.suppress(Exception):
+            tracer.get_trace(*args, **kwargs)
+        nodes = tracer.msngr.trace.nodes
+        return [
+            name
+            for name in self.latent_names
+            if name in nodes and nodes[name]["fn"].shape() != self.initial_trace.nodes[name]["fn"].shape()
+        ]
+
+    def _per_datum(self, log_prob: torch.Tensor) -> torch.Tensor:
+        """A site's log-densities in the layout of its batch shape, summed per datum of the plate."""
+        log_prob = log_prob.movedim(self.plate_dim, 0)
+        return log_prob.reshape(log_prob.shape[0], -1).sum(-1)
 
     def _masks(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The observed value of the likelihood site ``name`` in the initial run (all data, in data order)
@@ -684,12 +794,16 @@ class ModelSites:
         :param bool observed: ``False`` to sample the observed sites afresh (posterior predictive).
         """
         model = self.model if observed else poutine.uncondition(self.model)
+        args, kwargs = self.model_args, self.model_kwargs
+        if self.rows is not None:  # the data arguments' rows, at the plate's positions 0..n-1
+            args, kwargs = self.rows.select(args, kwargs, indices)
+            indices = torch.arange(indices.shape[-1], device=indices.device)
         conditioned = poutine.condition(model, data={**values, self.plate: indices})
         model = _FillMasked(self.placeholders)(_FixMissing(self.missing_sites)(conditioned))
         full_size = full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
         with pyro.validation_enabled(False), full_size:
             return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model))).get_trace(
-                *self.model_args, **self.model_kwargs
+                *args, **kwargs
             )
 
     def global_log_density(self, trace: Trace) -> torch.Tensor:
@@ -729,10 +843,19 @@ class ModelSites:
         the site's own scale (``poutine.scale`` is part of the potential) but without the plate's
         ``N / num_indices`` (weights are the caller's)."""
         node = trace.nodes[name]
-        # the plate scales by N / |S|: undone here, the client weights N_i / n_i are applied by the caller
-        lp = _log_density(node, num_indices / self.num_data)
+        # the plate scales by its declared size over |S| (N, or |S| for a plate sized from the rows of the
+        # data arguments): undone here, the client weights N_i / n_i are applied by the caller
+        lp = _log_density(node, num_indices / trace.nodes[self.plate]["fn"].size)
         lp = lp.expand(node["fn"].batch_shape).movedim(self.plate_dim, 0)
         return lp.reshape(num_indices, -1).sum(-1)
+
+
+def _close(value: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
+    """Whether ``value`` equals ``expected`` to a relative ``tolerance`` of the larger entry's size."""
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    return value.shape == expected.shape and torch.allclose(
+        value, expected.to(value.dtype), rtol=tolerance, atol=tolerance * max(scale, 1.0), equal_nan=True
+    )
 
 
 def _module_hint(plate: str) -> str:

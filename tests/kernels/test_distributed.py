@@ -31,7 +31,7 @@ from pyro_fed.network.distributed import CENSUS_SECONDS, shard
 from pyro_fed.partition import dirichlet
 from tests.kernels.test_dula import drift_at
 from tests.kernels.test_user_posteriors import centred_effects, grouped_data
-from tests.models import logistic_data, logistic_model
+from tests.models import logistic_data, logistic_model, logistic_model_for_nuts
 from tests.network.forked import run_forked
 
 NUM_DATA, NUM_CLIENTS = 60, 6
@@ -93,6 +93,13 @@ KERNELS = {
     "FALD automatic": lambda c, **kw: FaldKernel(logistic_model, c, **kw),
     "QLSD++ automatic": lambda c, **kw: QlsdKernel(logistic_model, c, control_variate="svrg", **kw),
 }
+#: the model as a NUTS user writes it (its data read at full size): each rank runs it on its clients' rows
+FOR_NUTS = {
+    "FALD automatic": lambda c, **kw: FaldKernel(logistic_model_for_nuts, c, **kw),
+    "QLSD++ automatic": lambda c, **kw: QlsdKernel(logistic_model_for_nuts, c, control_variate="svrg", **kw),
+    "D-ULA ring": lambda c, **kw: DulaKernel(logistic_model_for_nuts, c, step_size=0.002, **kw),
+}
+KERNELS.update({f"{name}, model written for NUTS": make for name, make in FOR_NUTS.items()})
 
 
 def run_kernel(name, clients, data, network=None) -> MCMC:
@@ -136,6 +143,12 @@ def test_two_ranks_give_the_one_process_draws(two_ranks, name):
     # draws' scale of 0.1-1 (the warm-up's choices, from the same sums, are the same)
     torch.testing.assert_close(first[0], expected, rtol=1e-9, atol=1e-9)
     assert first[1] == expected_bits  # the bits the algorithm sends, counted from the same coins
+
+
+@pytest.mark.parametrize("name", FOR_NUTS)
+def test_a_model_written_for_nuts_gives_the_subsample_form_s_draws_on_every_rank(two_ranks, name):
+    for result in two_ranks:
+        assert torch.equal(result[f"{name}, model written for NUTS"][0], result[name][0])
 
 
 def test_three_ranks_holding_unequal_blocks_give_the_one_process_draws():

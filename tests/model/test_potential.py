@@ -238,16 +238,6 @@ def test_error_discrete_latent():
         _build(model, (torch.randn(6),))
 
 
-def test_error_model_ignores_plate_indices():
-    def model(x):
-        w = _prior()
-        with pyro.plate("data", x.shape[0]):
-            pyro.sample("y", dist.Normal(w, 1.0), obs=x)  # the whole data, not the subsample
-
-    with pytest.raises(ValueError, match="does not follow the indices of plate 'data'.*pyro.subsample"):
-        _build(model, (torch.randn(6),))
-
-
 @pytest.mark.parametrize(
     "clients, match",
     [
