@@ -56,6 +56,11 @@ Run::
     python benchmarks/posteriordb.py --quick         # smoke run: 2 posteriors, 2 x (50 + 100)
     python benchmarks/posteriordb.py --posteriors arK-arK,sblri-blr --kernels FALD,NUTS --samples 500
     python benchmarks/posteriordb.py --merge a/posteriordb.json b/posteriordb.json  # one table of two runs
+    python benchmarks/posteriordb.py --written-for-nuts --kernels FALD  # the models as NUTS users write them
+
+``--written-for-nuts`` runs each model as a NUTS user writes it, the Stan program's shape: its data read at
+full size, no :func:`pyro.subsample` (:func:`models.written_for_nuts`), so that every kernel runs it on each
+client's rows of its arguments (``benchmarks/results/posteriordb_written_for_nuts.{md,json}``).
 
 Results: ``benchmarks/results/posteriordb{,_quick}.{md,json}`` (``--out`` changes the folder), rewritten
 after every posterior, so that a run stopped early leaves the table of the posteriors it finished (its
@@ -92,7 +97,7 @@ import pyro_fed
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE / "posteriordb"
 sys.path.insert(0, str(SHIPPED))
-from models import POSTERIORS, Posterior, stan_site  # noqa: E402 (the shipped models sit beside this script)
+from models import POSTERIORS, Posterior, stan_site, written_for_nuts  # noqa: E402 (the shipped models sit beside this script)
 
 #: the targets: mean within 0.2 reference sd, sd within 15%, R-hat at most 1.05
 MEAN_TARGET, SD_TARGET, RHAT_TARGET = 0.2, 0.15, 1.05
@@ -373,13 +378,16 @@ def run_one(
     dtype: torch.dtype,
     seed: int = 0,
     how: str = "iid",
+    for_nuts: bool = False,
 ) -> dict:
-    """One row: the sampler ``sampler`` on the posterior ``name``, compared with the reference. Never
-    raises for the sampler's sake: an exception becomes a failed row with its type and first line."""
+    """One row: the sampler ``sampler`` on the posterior ``name``, compared with the reference; with
+    ``for_nuts``, its model as a NUTS user writes it (:func:`models.written_for_nuts`). Never raises for the
+    sampler's sake: an exception becomes a failed row with its type and first line."""
     row = {"posterior": name, "sampler": sampler}
     caught = []
     try:
         posterior, args, reference = load(name, dtype)
+        model = written_for_nuts(posterior.model) if for_nuts else posterior.model
         row["parameters_compared"] = len(reference)
         row["N"] = int(args[0].shape[0])  # every model's first argument has a row per data point
         row["split"] = how
@@ -387,7 +395,7 @@ def run_one(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if sampler == "NUTS":
-                runs, seconds = run_nuts(posterior.model, args, chains, warmup, samples, seed)
+                runs, seconds = run_nuts(model, args, chains, warmup, samples, seed)
                 per_chain = [draws(run, reference, posterior) for run in runs]
                 values = {k: np.concatenate([c[k] for c in per_chain], 0) for k in reference}
                 row["divergences"] = sum(
@@ -396,15 +404,13 @@ def run_one(
                 row["uploaded_mb"] = data_megabytes(args)  # the data, pooled once
             elif sampler == "consensus":
                 row["clients"] = count(clients)
-                runs, seconds, bits = run_consensus(
-                    posterior.model, clients, args, chains, warmup, samples, seed
-                )
+                runs, seconds, bits = run_consensus(model, clients, args, chains, warmup, samples, seed)
                 per_chain = [draws(run, reference, posterior) for run in runs]
                 values = {k: np.concatenate([c[k] for c in per_chain], 0) for k in reference}
                 row["uploaded_mb"] = bits / 8e6
             else:
                 row["clients"] = count(clients)
-                kernel = KERNELS[sampler](posterior.model, clients)
+                kernel = KERNELS[sampler](model, clients)
                 mcmc = MCMC(
                     kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, disable_progbar=True
                 )
@@ -484,6 +490,7 @@ def run_benchmark(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     how: str = "iid",
+    for_nuts: bool = False,
     echo: bool = False,
     after_each: Callable[[list[dict]], object] | None = None,
 ) -> list[dict]:
@@ -496,7 +503,15 @@ def run_benchmark(
         these = []
         for sampler in order:
             row = run_one(
-                name, sampler, chains=chains, warmup=warmup, samples=samples, dtype=dtype, seed=seed, how=how
+                name,
+                sampler,
+                chains=chains,
+                warmup=warmup,
+                samples=samples,
+                dtype=dtype,
+                seed=seed,
+                how=how,
+                for_nuts=for_nuts,
             )
             these.append(row)
             if echo:
@@ -582,6 +597,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         help=f"the samplers of the federated regime: {', '.join(REGIME_SAMPLERS)} (unless --kernels)",
     )
     parser.add_argument("--split", choices=SPLITS, default="iid", help="how the data are split into clients")
+    parser.add_argument(
+        "--written-for-nuts",
+        action="store_true",
+        help="each model as a NUTS user writes it, its data read at full size (no pyro.subsample)",
+    )
     parser.add_argument("--chains", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--samples", type=int)
@@ -618,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     torch.set_default_dtype(dtype)  # the kernels' own tensors (steps, noise) in the same precision
     command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    stem = stem_for(args.quick, args.regime, args.split)
+    stem = stem_for(args.quick, args.regime, args.split) + "_written_for_nuts" * args.written_for_nuts
     started = time.perf_counter()
 
     def write(rows: list[dict]) -> str:
@@ -634,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             "dtype": args.dtype,
             "clients": CLIENTS,
             "split": args.split,
+            "written_for_nuts": args.written_for_nuts,
             "seed": args.seed,
             "wall_seconds": time.perf_counter() - started,
             "python": platform.python_version(),
@@ -661,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             dtype=dtype,
             seed=args.seed,
             how=args.split,
+            for_nuts=args.written_for_nuts,
             echo=True,
             after_each=write,
         )
@@ -752,7 +774,8 @@ def header(info: dict) -> str:
     return "\n".join(
         [
             "# posteriordb: the kernels and NUTS against Stan's reference posteriors"
-            + ("" if info.get("split", "iid") == "iid" else ", the clients' data sorted by the response"),
+            + ("" if info.get("split", "iid") == "iid" else ", the clients' data sorted by the response")
+            + (", the models written for NUTS" if info.get("written_for_nuts") else ""),
             "",
             written_by(info) + f" {count} of posteriordb "
             f"{info['posteriordb'][:7]}; each sampler {info['chains']} chains × ({info['warmup']} warm-up + "

@@ -29,6 +29,9 @@ points per client, at ``b = 10, 100, 1000`` clients (``--clients 1 10 100 1000``
     of the permuted epoch and views), the logistic gradient written by hand as batched ops over
     ``[b, n, d]`` (``bmm``, ``sigmoid``, ``baddbmm``), noise, a host coin and averaging. No Pyro, no
     bookkeeping, no compilation.
+(n) **written for NUTS** -- the default kernel on the same model written as a NUTS user writes it (the
+    logits at full size, ``obs=y``), which pyro_fed runs on each client's rows of the data arguments: the
+    iteration should cost what it costs on the model read through the plate's indices.
 (c) **chains** -- ``C = 8`` chains of the default kernel at ``b = 100`` (one batched state ``[8, 100, d]``;
     the kernel is told the plan as ``MCMC(kernel, num_chains=8)`` would tell it, by setting
     ``kernel.plan = ChainPlan(8, None, None)`` before ``setup``), against **one** chain at ``b = 800``
@@ -120,6 +123,15 @@ def model(x: torch.Tensor, y: torch.Tensor) -> None:
         pyro.sample("obs", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
 
+def model_for_nuts(x: torch.Tensor, y: torch.Tensor) -> None:
+    """:func:`model` as a NUTS user writes it: the logits at full size, ``obs=y`` (pyro_fed runs it on each
+    client's rows of ``x`` and ``y``)."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(x.shape[-1], dtype=x.dtype), 1.0).to_event(1))
+    logits = x @ w
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Bernoulli(logits=logits), obs=y)
+
+
 class Problem:
     """Synthetic data split i.i.d. into ``b`` clients of 64 points."""
 
@@ -141,14 +153,16 @@ class Problem:
 
 
 # ------------------------------------------------------------------ (k) the library kernel
-def make_kernel_step(problem: Problem, seed: int, num_chains: int = 1, **options) -> Callable[[], object]:
-    """``kernel.sample`` as MCMC calls it; ``step.first_call_s`` is the one-off cost of ``setup`` and the
-    first call (the first chunk: drawing its randomness, tracing and compiling the iteration, running it);
-    ``step.chunk`` the iterations per chunk (timed blocks span whole chunks)."""
+def make_kernel_step(
+    problem: Problem, seed: int, num_chains: int = 1, of=model, **options
+) -> Callable[[], object]:
+    """``kernel.sample`` as MCMC calls it, for the model ``of``; ``step.first_call_s`` is the one-off cost
+    of ``setup`` and the first call (the first chunk: drawing its randomness, tracing and compiling the
+    iteration, running it); ``step.chunk`` the iterations per chunk (timed blocks span whole chunks)."""
     pyro.set_rng_seed(seed)
     start = time.perf_counter()
     kernel = pyro_fed.FaldKernel(
-        model, problem.clients, step_size=STEP_SIZE, comm_prob=COMM_PROB, batch_size=BATCH_SIZE, **options
+        of, problem.clients, step_size=STEP_SIZE, comm_prob=COMM_PROB, batch_size=BATCH_SIZE, **options
     )
     if num_chains > 1:  # what MCMC(kernel, num_chains=C) tells the kernel; driven by hand: no draw count
         kernel.plan = ChainPlan(num_chains, None, None)
@@ -479,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
         problem = Problem(b, args.seed)
         steps = {f"kernel_{mode}": make_kernel_step(problem, args.seed, gradient_mode=mode) for mode in modes}
         steps["hand_written"] = make_hand_step(problem, args.seed)
+        if DEFAULT_MODE in modes:  # the same kernel on the model written for NUTS (its data at full size)
+            steps["kernel_for_nuts"] = make_kernel_step(problem, args.seed, of=model_for_nuts)
         first_call_s = {mode: steps[f"kernel_{mode}"].first_call_s for mode in modes}
         timings = measure(
             steps,
@@ -489,6 +505,9 @@ def main(argv: list[str] | None = None) -> dict:
         )
         row = {"b": b, **timings, "kernel_setup_and_first_call_s": first_call_s}
         row["over_hand"] = {mode: ratio(timings[f"kernel_{mode}"], timings["hand_written"]) for mode in modes}
+        if "kernel_for_nuts" in timings:
+            default = timings[f"kernel_{DEFAULT_MODE}"]
+            row["for_nuts_over_subsample"] = ratio(timings["kernel_for_nuts"], default)
         rows.append(row)
         print(
             f"b={b:5d}: "
@@ -564,6 +583,23 @@ def main(argv: list[str] | None = None) -> dict:
             + " | ".join(f"{fmt_ms(row[f'kernel_{m}'])} | {fmt_ratio(row['over_hand'][m])}" for m in modes)
             + " |"
         )
+    nuts_rows = [row for row in rows if "for_nuts_over_subsample" in row]
+    if nuts_rows:
+        lines += [
+            "",
+            f"The same kernel ({DEFAULT_MODE}) on the model written for NUTS (the logits at full size, "
+            "`obs=y`: each client's potential is the model run on its rows of `x` and `y`), against "
+            "the model "
+            "read through the plate's indices:",
+            "",
+            "| b | plate's indices | written for NUTS | ratio |",
+            "|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {row['b']} | {fmt_ms(row[f'kernel_{DEFAULT_MODE}'])} | {fmt_ms(row['kernel_for_nuts'])} | "
+            f"{fmt_ratio(row['for_nuts_over_subsample'])} |"
+            for row in nuts_rows
+        ]
     lines += [
         "",
         "Set-up + first call (seconds: `FaldKernel(...)`, `setup`, the first `sample`, which draws the first "

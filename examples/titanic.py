@@ -56,18 +56,15 @@ DIMS = {"w": ["feature"]}
 
 
 def model(x, y=None):
-    """Bayesian logistic regression, w ~ N(0, I).
+    """Bayesian logistic regression, w ~ N(0, I), as written for Pyro's NUTS.
 
-    The data plate is declared at full size and the data are read through the plate's indices
-    (``pyro.subsample``): that is how the federated kernel feeds each client its own minibatch.
+    The data plate is declared at full size and the data are the model's arguments: the federated kernel runs
+    the model on each client's own rows of them (its minibatch), NUTS on all of them.
     """
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    logits = x @ w
     with pyro.plate("data", x.shape[0]):
-        pyro.sample(
-            "y",
-            dist.Bernoulli(logits=pyro.subsample(x, event_dim=1) @ w),
-            obs=pyro.subsample(y, event_dim=0),
-        )
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

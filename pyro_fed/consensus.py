@@ -62,9 +62,9 @@ Example: a Bayesian linear regression, its data split over 2 clients, each sampl
     >>> import pyro_fed.consensus as consensus
     >>> def model(x, y):
     ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+    ...     mean = x @ w
     ...     with pyro.plate("data", x.shape[0]):
-    ...         mean = pyro.subsample(x, event_dim=1) @ w
-    ...         pyro.sample("y", dist.Normal(mean, 0.5), obs=pyro.subsample(y, event_dim=0))
+    ...         pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
     >>> pyro.set_rng_seed(0)
     >>> x = torch.randn(200, 2)
     >>> y = x @ torch.tensor([1.0, -1.0]) + 0.5 * torch.randn(200)
@@ -189,7 +189,7 @@ class ClientModel:
     :math:`(\varpi_i - 1) \log |\det \partial T / \partial u|`, so that a sampler of the unconstrained
     density, which adds the whole Jacobian, samples :math:`\pi_i^u` (see :mod:`pyro_fed.consensus`).
 
-    :param model: the user's model (a data plate declared at full size, read through its indices).
+    :param model: the user's model (a data plate declared at full size; see :func:`sample`).
     :param sites: the model's sites (:class:`~pyro_fed.model.sites.ModelSites`).
     :param torch.Tensor indices: the client's data indices in the plate, ``[N_i]``.
     :param float prior_weight: :math:`\varpi_i \ge 0`.
@@ -273,8 +273,9 @@ def client_models(
     r"""Every client's sub-model (:class:`ClientModel`) of ``model``, to sample each sub-posterior
     yourself (then merge the draws with :func:`merge`).
 
-    :param model: a Pyro model whose likelihood is a plate over data, declared at full size and read
-        through the plate's indices (``pyro.subsample(x, event_dim=...)``), its latent sites outside it.
+    :param model: a Pyro model whose likelihood is a plate over data, declared at full size, its latent
+        sites outside it: as written for NUTS (its data as arguments, read at full size), or reading its data
+        through the plate's indices (``pyro.subsample(x, event_dim=...)``).
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.data.partition`).
@@ -526,9 +527,10 @@ def sample(
     The clients run one after another in this process (a simulation of the federation: each sees only its
     own data, and uploads its draws once).
 
-    :param model: a Pyro model whose likelihood is a plate over data, declared at full size and read through
-        the plate's indices (``pyro.subsample(x, event_dim=...)`` or ``with pyro.plate(...) as idx``), with
-        its latent sites outside the plate.
+    :param model: a Pyro model whose likelihood is a plate over data, declared at full size, with its latent
+        sites outside the plate: as written for NUTS (its data as arguments, read at full size: each client's
+        sub-model runs on its rows of them), or reading its data through the plate's indices
+        (``pyro.subsample(x, event_dim=...)`` or ``with pyro.plate(...) as idx``).
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.data.partition`).

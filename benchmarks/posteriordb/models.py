@@ -4,7 +4,8 @@ Each Stan program's ``transformed data`` block becomes a ``prepare`` function (r
 ``dict`` of lists, to the model's tensors: data-wide statistics such as a mean or an sd are taken over the
 whole data set, as Stan takes them, so they are data, not something a client computes on its share), and
 its ``model`` block a Pyro model whose data-point terms sit in ``pyro.plate("data", N)`` and read the data
-through :func:`pyro.subsample`. Rules of the translation:
+through :func:`pyro.subsample` (:func:`read`; :func:`written_for_nuts` gives each model as a NUTS user writes
+it, the data read at full size). Rules of the translation:
 
 - a parameter with no prior statement has Stan's implicit flat prior on its constrained support:
   :class:`~pyro.distributions.ImproperUniform` with that support (``<lower=0>``:
@@ -23,6 +24,7 @@ the program reads, the preparation and the model.
 from __future__ import annotations
 
 import re
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,10 +34,26 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
-__all__ = ["POSTERIORS", "Posterior", "stan_site"]
+__all__ = ["POSTERIORS", "Posterior", "stan_site", "written_for_nuts"]
 
 
 # ---------------------------------------------------------------------------------------------- models
+def read(data: torch.Tensor, event_dim: int) -> torch.Tensor:
+    """A data-point term's data, read through the data plate's indices (:func:`pyro.subsample`); the data
+    at full size in the copies :func:`written_for_nuts` makes."""
+    return pyro.subsample(data, event_dim=event_dim)
+
+
+def written_for_nuts(model: Callable) -> Callable:
+    """``model`` as a NUTS user writes it, the Stan program's shape: the same code, its data read at full
+    size (:func:`read` the identity), so that pyro_fed runs it on each client's rows of its arguments."""
+    full_size = {**model.__globals__, "read": lambda data, event_dim: data}
+    code, name = model.__code__, model.__name__
+    copy = types.FunctionType(code, full_size, name, model.__defaults__, model.__closure__)
+    copy.__doc__ = model.__doc__
+    return copy
+
+
 def _flat(name: str, support, shape: tuple[int, ...] = ()) -> torch.Tensor:
     """Stan's implicit flat prior on ``support``: an improper uniform over the whole support, with the
     parameter's shape as its event shape."""
@@ -48,8 +66,8 @@ def linear_flat(x: torch.Tensor, y: torch.Tensor) -> None:
     beta = _flat("beta", constraints.real, (x.shape[-1],))
     sigma = _flat("sigma", constraints.positive)
     with pyro.plate("data", x.shape[0]):
-        mu = pyro.subsample(x, event_dim=1) @ beta
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = read(x, event_dim=1) @ beta
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 def linear_cauchy(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -57,8 +75,8 @@ def linear_cauchy(x: torch.Tensor, y: torch.Tensor) -> None:
     beta = _flat("beta", constraints.real, (x.shape[-1],))
     sigma = pyro.sample("sigma", dist.HalfCauchy(2.5))
     with pyro.plate("data", x.shape[0]):
-        mu = pyro.subsample(x, event_dim=1) @ beta
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = read(x, event_dim=1) @ beta
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 def kilpisjarvi(x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor) -> None:
@@ -70,8 +88,8 @@ def kilpisjarvi(x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor) -> None:
     beta = pyro.sample("beta", dist.Normal(prior[2], prior[3]))
     sigma = _flat("sigma", constraints.positive)
     with pyro.plate("data", x.shape[0]):
-        mu = alpha + beta * pyro.subsample(x, event_dim=0)
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = alpha + beta * read(x, event_dim=0)
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 def ar_k(lags: torch.Tensor, y: torch.Tensor) -> None:
@@ -83,8 +101,8 @@ def ar_k(lags: torch.Tensor, y: torch.Tensor) -> None:
     beta = pyro.sample("beta", dist.Normal(0.0, 10.0).expand([lags.shape[-1]]).to_event(1))
     sigma = pyro.sample("sigma", dist.HalfCauchy(2.5))
     with pyro.plate("data", y.shape[0]):
-        mu = alpha + pyro.subsample(lags, event_dim=1) @ beta
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = alpha + read(lags, event_dim=1) @ beta
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 def low_dim_gauss_mix(y: torch.Tensor) -> None:
@@ -99,7 +117,7 @@ def low_dim_gauss_mix(y: torch.Tensor) -> None:
     weights = torch.stack([theta, 1.0 - theta], -1)
     with pyro.plate("data", y.shape[0]):
         mixture = dist.MixtureSameFamily(dist.Categorical(probs=weights), dist.Normal(mu, sigma))
-        pyro.sample("y", mixture, obs=pyro.subsample(y, event_dim=0))
+        pyro.sample("y", mixture, obs=read(y, event_dim=0))
 
 
 def eight_schools_noncentered(y: torch.Tensor, sigma: torch.Tensor) -> None:
@@ -114,9 +132,7 @@ def eight_schools_noncentered(y: torch.Tensor, sigma: torch.Tensor) -> None:
     tau = pyro.sample("tau", dist.HalfCauchy(5.0))
     with pyro.plate("data", y.shape[0]) as school:
         theta = theta_trans[school] * tau + mu
-        pyro.sample(
-            "y", dist.Normal(theta, pyro.subsample(sigma, event_dim=0)), obs=pyro.subsample(y, event_dim=0)
-        )
+        pyro.sample("y", dist.Normal(theta, read(sigma, event_dim=0)), obs=read(y, event_dim=0))
 
 
 def eight_schools_theta(samples: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -131,8 +147,8 @@ def blr(x: torch.Tensor, y: torch.Tensor) -> None:
     beta = pyro.sample("beta", dist.Normal(0.0, 10.0).expand([x.shape[-1]]).to_event(1))
     sigma = pyro.sample("sigma", dist.HalfNormal(10.0))
     with pyro.plate("data", x.shape[0]):
-        mu = pyro.subsample(x, event_dim=1) @ beta
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = read(x, event_dim=1) @ beta
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 def diamonds(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -146,8 +162,8 @@ def diamonds(x: torch.Tensor, y: torch.Tensor) -> None:
     intercept = pyro.sample("Intercept", dist.StudentT(3.0, 8.0, 10.0))
     sigma = pyro.sample("sigma", dist.FoldedDistribution(dist.StudentT(3.0, 0.0, 10.0)))
     with pyro.plate("data", x.shape[0]):
-        mu = intercept + pyro.subsample(x, event_dim=1) @ b
-        pyro.sample("y", dist.Normal(mu, sigma), obs=pyro.subsample(y, event_dim=0))
+        mu = intercept + read(x, event_dim=1) @ b
+        pyro.sample("y", dist.Normal(mu, sigma), obs=read(y, event_dim=0))
 
 
 # -------------------------------------------------------------------------------- transformed data

@@ -89,9 +89,9 @@ class DglmcKernel(FederatedKernel):
         >>> from pyro.infer import MCMC
         >>> def model(x, y=None):
         ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        ...     logits = x @ w  # as written for NUTS: each client's rows of x and y are its data
         ...     with pyro.plate("data", x.shape[0]):
-        ...         logits = pyro.subsample(x, event_dim=1) @ w
-        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
         >>> x, y = pyro_fed.datasets.titanic()
         >>> kernel = DglmcKernel(model)  # 10 i.i.d. clients; tolerance, step, preconditioner chosen
         >>> # a wider tie in the adapted preconditioner's units (posterior variances) and a larger step mix

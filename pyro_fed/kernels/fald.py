@@ -39,8 +39,10 @@ class FaldKernel(FederatedKernel):
     **Reference:** Plassier, Durmus, Moulines et al., *Federated Averaging Langevin Dynamics: Toward a
     unified theory and new algorithms*, AISTATS 2023, Section 2.
 
-    :param model: a Pyro model whose likelihood is a plate over data, declared at full size; the model
-        reads its data through the plate's indices (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
+    :param model: a Pyro model whose likelihood is a plate over data, declared at full size: as written for
+        NUTS (its data as arguments, read at full size: each client's potential is the model run on its rows
+        of them, :mod:`pyro_fed.model.rows`), or reading its data through the plate's indices
+        (``pyro.subsample`` or ``with pyro.plate(...) as idx``).
     :param clients: a number of clients ``b`` (an i.i.d. split of the data, seed 0), a LongTensor of length
         ``N`` with client ids ``0..b-1``, or a sequence of ``b`` index tensors (see
         :mod:`pyro_fed.data.partition`); default: 10 i.i.d. clients (one per datum with fewer than 10 data).
@@ -84,9 +86,9 @@ class FaldKernel(FederatedKernel):
         >>> from pyro.infer import MCMC
         >>> def model(x, y=None):
         ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        ...     logits = x @ w  # as written for NUTS: each client's rows of x and y are its data
         ...     with pyro.plate("data", x.shape[0]):
-        ...         logits = pyro.subsample(x, event_dim=1) @ w
-        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
         >>> x, y = pyro_fed.datasets.titanic()
         >>> mcmc = MCMC(FaldKernel(model), num_samples=300, warmup_steps=100, disable_progbar=True)
         >>> mcmc.run(x, y)  # 10 i.i.d. clients, step size and preconditioner chosen

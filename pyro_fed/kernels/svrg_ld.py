@@ -52,9 +52,9 @@ class SvrgLdKernel(VrFaldKernel):
         >>> from pyro.infer import MCMC
         >>> def model(x, y=None):
         ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[-1]]).to_event(1))
+        ...     logits = x @ w  # as written for NUTS: each client's rows of x and y are its data
         ...     with pyro.plate("data", x.shape[0]):
-        ...         logits = pyro.subsample(x, event_dim=1) @ w
-        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=pyro.subsample(y, event_dim=0))
+        ...         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
         >>> x, y = pyro_fed.datasets.titanic()
         >>> kernel = SvrgLdKernel(model, batch_size=32, refresh_prob=0.01)
         >>> mcmc = MCMC(kernel, num_samples=300, warmup_steps=100, disable_progbar=True)

@@ -13,7 +13,8 @@ transforms, :math:`U^i_j` the negative log-likelihood of datum ``j`` of client `
 :math:`\\sum_i \\varpi^i = 1`. A minibatch ``S`` of client ``i`` gives the unbiased estimate
 :math:`\\hat\\nabla U^i(x; S) = \\varpi^i \\nabla U^0(x) + (N_i/|S|) \\sum_{j \\in S} \\nabla U^i_j(x)`.
 
-The model is evaluated with each client's minibatch indices injected into the data plate, and all clients
+The model is evaluated on each client's minibatch (its indices injected into the data plate, or its rows of
+the data arguments for a model written for NUTS: :mod:`pyro_fed.model.sites`), and all clients
 are evaluated at once with :func:`torch.func.vmap` (one vectorised model evaluation per call, never a
 Python loop over clients). The functions here are neither traced nor compiled: they can be traced inside
 larger functions (see :mod:`pyro_fed.engine.compile`), and they switch validation off themselves. A model that

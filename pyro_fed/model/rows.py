@@ -20,7 +20,7 @@ declared from the data (``len(x)``) then has ``|S_i|`` points and counts each on
 (:meth:`~pyro_fed.model.sites.ModelSites.datum_log_prob`).
 
 Which arguments are data is decided by their shapes and *checked* against the model's own trace before the
-warm-up (:meth:`~pyro_fed.model.sites.ModelSites.check_rows`): run on a few rows, in another order than the
+warm-up (by :class:`~pyro_fed.model.sites.ModelSites`): run on a few rows, in another order than the
 data's, every likelihood site must give the log-densities the full-size run gives those data, and every site
 outside the plate the same shape and density (a prior computed from the data, ``y.std()``, would change
 with the rows). Data that reach the model another way (a closure or a module global at full size) fail this

@@ -8,9 +8,11 @@ points. The sites of the model fall in three classes:
 - the likelihood sites, observed inside the plate, whose log-densities are summed per datum into
   :math:`-U^i_j(\\theta)` for datum ``j`` of client ``i``.
 
-Every evaluation injects a subsample of indices into the data plate, so the model must read its data
-through the plate's indices; :class:`ModelSites` checks this once, with clear errors, when it reads the
-model.
+Every evaluation runs the model on a subsample of the data: a model that reads its data through the plate's
+indices (``pyro.subsample``, ``with pyro.plate(...) as idx: y[idx]``) gets the subsample's indices injected
+into the plate; a model written for NUTS, which reads its data at full size, is run on the subsample's rows
+of its data arguments (:mod:`pyro_fed.model.rows`). :class:`ModelSites` finds which, and checks it, once,
+with clear errors, when it reads the model.
 
 The data are checked once, when the model is read, and a failure says which argument is the likely
 cause: a NumPy array, a dtype or a device other than the latent values', a tensor read through the plate

@@ -153,8 +153,9 @@ def to_inference_data(
 
     A run of Pyro's own ``NUTS(model)`` or ``HMC(model)`` on the pooled data converts too, with the same
     groups (its ``sample_stats`` hold ``diverging``): the reference for a federated run, comparable with
-    ``az.compare``. (:func:`arviz.from_pyro` cannot compute the log-likelihood of a model that reads its data
-    through ``pyro.subsample``.)
+    ``az.compare``. (:func:`arviz.from_pyro` computes the log-likelihood by running the model vectorised over
+    the draws, which a model that reads its data through ``pyro.subsample``, or multiplies a batched weight
+    as ``x @ w``, cannot do: it leaves the group out.)
 
     Groups:
 
