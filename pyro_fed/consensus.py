@@ -290,6 +290,13 @@ def client_models(
 
 
 def _client_models(model, sites: ModelSites, clients, prior_weights) -> list[ClientModel]:
+    if sites.row_latents:
+        raise ValueError(
+            f"The model has a parameter per data point ({', '.join(sites.row_latents)}) sized from its data "
+            "arguments: each client's sub-model would have its own parameters, and their draws could not "
+            "be merged. Size it from a number passed to the model, and read it and the data through the "
+            f"plate's indices (`with pyro.plate({sites.plate!r}, N) as idx: theta[idx]`, pyro.subsample)."
+        )
     indices = to_index_lists(clients, sites.num_data)
     if isinstance(prior_weights, str) and prior_weights == "server":
         raise ValueError(

@@ -143,9 +143,8 @@ class ClientGradients:
         log_lik = sum(
             self.sites.datum_log_prob(trace, name, indices.shape[0]) for name in self.sites.likelihood_sites
         )
-        return -(
-            prior_weight * (self.sites.global_log_density(trace) + log_det) + (datum_weights * log_lik).sum()
-        )
+        prior = self.sites.global_log_density(trace, values) + log_det
+        return -(prior_weight * prior + (datum_weights * log_lik).sum())
 
     def potential_fn(
         self,

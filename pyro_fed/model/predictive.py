@@ -114,13 +114,14 @@ def deterministic_values(
     site it replaced), the model run on one datum of the plate (they do not depend on its data)."""
     if not sites.deterministic_names:
         return {}
-    one_datum = _all_data(sites, values)[:1]
+    # a model read by the rows of its data arguments computes them from its rows: all of them
+    one_datum = _all_data(sites, values)[: None if sites.rows is not None else 1]
 
     def one_draw(draw):
         trace = sites.run(draw, one_datum)
         return {name: trace.nodes[name]["value"] for name in sites.deterministic_names}
 
-    return _map_draws(one_draw, values, chunk_size, 1)
+    return _map_draws(one_draw, values, chunk_size, len(one_datum))
 
 
 def observed_data(sites: ModelSites) -> dict[str, torch.Tensor]:

@@ -194,6 +194,22 @@ def full_size_plate(name: str) -> Iterator[None]:
         SubsampleMessenger._subsample = original
 
 
+class _PlateReached(Exception):
+    """Raised by :class:`_StopAtPlate` where the model enters its data plate."""
+
+
+class _StopAtPlate(Messenger):
+    """Stops the model where it enters the data plate ``plate`` (raises :class:`_PlateReached`)."""
+
+    def __init__(self, plate: str):
+        super().__init__()
+        self.plate = plate
+
+    def _pyro_sample(self, msg) -> None:
+        if site_is_subsample(msg) and msg["name"] == self.plate:
+            raise _PlateReached
+
+
 class _SubsampleShapes(Messenger):
     """Records the ``pyro.subsample(data, event_dim=...)`` reads whose data do not have the plate's size
     along its dimension (Pyro checks this only with validation on, which ``MCMC`` switches off): the data
@@ -453,6 +469,10 @@ class ModelSites:
         #: NUTS): each evaluation runs it on their rows (:mod:`pyro_fed.model.rows`); ``None`` for a model
         #: that reads them through the plate's indices, which are injected into the plate
         self.rows: DataRows | None = None
+        #: in the rows form, the latent sites with one entry per datum along an axis (``{site: axis}``: a
+        #: per-datum effect sized from the data, as eight schools' ``theta_trans``): each evaluation reads
+        #: their rows, and the prior comes from :meth:`prior_trace`
+        self.row_latents: dict[str, int] = {}
         self._find_how_data_are_read()
 
     def draw_initial_trace(self) -> Trace:
@@ -649,13 +669,24 @@ class ModelSites:
         values = {name: self.initial_trace.nodes[name]["value"] for name in self.latent_names}
         indices = torch.unique_consecutive(ends).to(values[self.latent_names[0]].device)
         n, arguments = len(indices), ", ".join(self.rows.names)
-        sized = self._sized_from_rows(values, indices)
+        axes = self._latent_axes_on_rows(values, indices)
+        sized = [name for name, axis in axes.items() if axis is None]
         if sized:
             raise ValueError(
                 f"Site {sized[0]!r} outside plate {self.plate!r} changes shape when the model is run on "
-                f"{n} rows of its data arguments ({arguments}): a parameter sized from the data is another "
-                "parameter on each client's part. Size it from the whole data (pass the number of data "
-                "points or groups to the model)."
+                f"{n} rows of its data arguments ({arguments}), and not as a parameter per data point "
+                "would: a parameter sized from the data is another parameter on each client's part. Size "
+                "it from the whole data (pass the number of data points or groups to the model)."
+            )
+        self.row_latents = dict(axes)
+        prior = self.prior_trace(values) if self.row_latents else None
+        declared = self.latent_names + self.global_observed
+        late = [name for name in declared if prior is not None and name not in prior.nodes]
+        if late:
+            raise ValueError(
+                f"Site {late[0]!r} comes after plate {self.plate!r}, in a model with a parameter per data "
+                f"point ({', '.join(self.row_latents)}), whose prior pyro_fed reads from the sites before "
+                "the plate: declare the global sites before the plate."
             )
         try:
             trace = self.run(values, indices)
@@ -669,7 +700,7 @@ class ModelSites:
         latent = next(iter(values.values()))
         tolerance = 1e-4 if latent.dtype == torch.float32 else 1e-8
         for name in self.latent_names + self.global_observed:
-            full, part = self.initial_trace.nodes[name], trace.nodes[name]
+            full, part = self.initial_trace.nodes[name], (trace if prior is None else prior).nodes[name]
             if not _close(_log_density(part).sum(), _log_density(full).sum(), tolerance):
                 raise ValueError(
                     f"The density of site {name!r} outside plate {self.plate!r} changes when the model is "
@@ -687,22 +718,28 @@ class ModelSites:
                     f"the same data. {self._ways_out(site=name)}"
                 )
 
-    def _sized_from_rows(self, values: dict[str, torch.Tensor], indices: torch.Tensor) -> list[str]:
-        """The latent sites whose distribution has another shape when the model runs on the rows
-        ``indices`` of its data arguments, at the latent ``values``: the run goes as far as it can (a site's
-        distribution is recorded before the model computes with its value)."""
+    def _latent_axes_on_rows(self, values: dict[str, torch.Tensor], indices: torch.Tensor) -> dict:
+        """The latent sites whose distribution has another shape when the model runs on the rows ``indices``
+        of its data arguments, at the latent ``values`` (the run goes as far as it can: a site's distribution
+        is recorded before the model computes with its value): ``{site: axis}``, the axis along which it has
+        one entry per datum (``N`` entries at full size, ``len(indices)`` on the rows), or ``None`` where its
+        shape changes otherwise."""
         args, kwargs = self.rows.select(self.model_args, self.model_kwargs, indices)
         positions = torch.arange(len(indices), device=indices.device)
         tracer = poutine.trace(poutine.condition(self.model, data={**values, self.plate: positions}))
-        full_size = full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
-        with pyro.validation_enabled(False), full_size, contextlib.suppress(Exception):
+        with pyro.validation_enabled(False), self._full_size(), contextlib.suppress(Exception):
             tracer.get_trace(*args, **kwargs)
-        nodes = tracer.msngr.trace.nodes
-        return [
-            name
-            for name in self.latent_names
-            if name in nodes and nodes[name]["fn"].shape() != self.initial_trace.nodes[name]["fn"].shape()
-        ]
+        nodes, axes = tracer.msngr.trace.nodes, {}
+        for name in self.latent_names:
+            if name not in nodes:
+                continue
+            full, part = self.initial_trace.nodes[name]["fn"].shape(), nodes[name]["fn"].shape()
+            changed = [a for a in range(len(full)) if len(part) == len(full) and full[a] != part[a]]
+            if full != part:
+                per_datum = (self.num_data, len(indices))
+                fits = len(changed) == 1 and (full[changed[0]], part[changed[0]]) == per_datum
+                axes[name] = changed[0] if fits else None
+        return axes
 
     def _per_datum(self, log_prob: torch.Tensor) -> torch.Tensor:
         """A site's log-densities in the layout of its batch shape, summed per datum of the plate."""
@@ -799,18 +836,37 @@ class ModelSites:
         args, kwargs = self.model_args, self.model_kwargs
         if self.rows is not None:  # the data arguments' rows, at the plate's positions 0..n-1
             args, kwargs = self.rows.select(args, kwargs, indices)
+            rows = {name: values[name].index_select(axis, indices) for name, axis in self.row_latents.items()}
+            values = {**values, **rows}
             indices = torch.arange(indices.shape[-1], device=indices.device)
-        conditioned = poutine.condition(model, data={**values, self.plate: indices})
-        model = _FillMasked(self.placeholders)(_FixMissing(self.missing_sites)(conditioned))
-        full_size = full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
-        with pyro.validation_enabled(False), full_size:
-            return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model))).get_trace(
-                *args, **kwargs
-            )
+        tracer = self._tracer(model, {**values, self.plate: indices})
+        with pyro.validation_enabled(False), self._full_size():
+            return tracer.get_trace(*args, **kwargs)
 
-    def global_log_density(self, trace: Trace) -> torch.Tensor:
-        """Sum of the log-densities of the global sites, latent and observed: :math:`-U^0` but the
-        log-det-Jacobian."""
+    def _tracer(self, model: Callable, data: dict[str, torch.Tensor]) -> poutine.trace_messenger.TraceHandler:
+        """A tracer of ``model`` conditioned on ``data``, with the messengers every evaluation runs under."""
+        conditioned = poutine.condition(model, data=data)
+        model = _FillMasked(self.placeholders)(_FixMissing(self.missing_sites)(conditioned))
+        return poutine.trace(_ParamsAsConstants(self.params)(_WithoutValidation()(model)))
+
+    def _full_size(self) -> contextlib.AbstractContextManager:
+        return full_size_plate(self.plate) if self.full_size_subsample else contextlib.nullcontext()
+
+    def prior_trace(self, values: dict[str, torch.Tensor]) -> Trace:
+        """The model at the latent ``values`` with all its data, traced up to the data plate (the sites
+        before it: the prior of the per-datum parameters too, without the likelihood's cost)."""
+        tracer = self._tracer(_StopAtPlate(self.plate)(self.model), values)
+        with pyro.validation_enabled(False), self._full_size(), contextlib.suppress(_PlateReached):
+            tracer.get_trace(*self.model_args, **self.model_kwargs)
+        return tracer.msngr.trace
+
+    def global_log_density(self, trace: Trace, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of the log-densities of the global sites, latent and observed, at the latent ``values``:
+        :math:`-U^0` but the log-det-Jacobian. Read from ``trace`` (a run of the model on a subsample),
+        or, where the model has per-datum parameters that such a run reads in part (``row_latents``), from
+        :meth:`prior_trace`."""
+        if self.row_latents:
+            trace = self.prior_trace(values)
         return sum(_log_density(trace.nodes[name]).sum() for name in self.latent_names + self.global_observed)
 
     def plate_axis(self, name: str) -> int | None:

@@ -208,6 +208,47 @@ def test_the_data_arguments_are_those_with_a_row_per_datum():
     assert selected["y"].shape == (1,) and data["y"].shape == (10,)  # the user's dict is not modified
 
 
+def schools_by_subsample(y, sigma):
+    """Eight schools, non-centred: an effect per school (data point), indexed by the plate."""
+    effect = pyro.sample("effect", dist.Normal(0.0, 1.0).expand([y.shape[0]]).to_event(1))
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    with pyro.plate("data", y.shape[0]) as school:
+        theta = mu + tau * effect[school]
+        pyro.sample(
+            "y", dist.Normal(theta, pyro.subsample(sigma, event_dim=0)), obs=pyro.subsample(y, event_dim=0)
+        )
+
+
+def schools_for_nuts(y, sigma):
+    """The same, as NUTS users write it: the effects sized from the data, all of them read at full size."""
+    effect = pyro.sample("effect", dist.Normal(0.0, 1.0).expand([len(y)]).to_event(1))
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    theta = pyro.deterministic("theta", mu + tau * effect)
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def test_a_parameter_per_data_point_is_read_by_its_rows_and_its_prior_whole():
+    y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+    sigma = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+    expected = run(schools_by_subsample, FaldKernel, (y, sigma))
+    got = run(schools_for_nuts, FaldKernel, (y, sigma))
+    assert got.kernel.potential.sites.row_latents == {"effect": 0}
+    for name in ("effect", "mu", "tau"):
+        assert torch.equal(got.get_samples()[name], expected.get_samples()[name]), name
+    # the deterministic site outside the plate is computed from all the effects, at every draw
+    idata = to_inference_data(got)
+    assert idata.posterior["theta"].shape == (2, 20, 8)
+    draws = got.get_samples()
+    theta = draws["mu"][:, None] + draws["tau"][:, None] * draws["effect"]
+    torch.testing.assert_close(torch.as_tensor(idata.posterior["theta"].values).reshape(40, 8), theta)
+    # a client's sub-model would have its own effects: consensus Monte Carlo refuses, with the fix
+    with pytest.raises(ValueError, match=r"parameter per data point \(effect\).*plate's indices"):
+        consensus.client_models(schools_for_nuts, 2, y, sigma)
+
+
 # ------------------------------------------------------------------ what cannot be split
 X, Y = regression_data(12, dim=1)
 
@@ -230,10 +271,10 @@ def prior_from_the_data(x, y):
         pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
 
 
-def parameter_per_datum(x, y):
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([len(y)]).to_event(1))
+def parameter_sized_from_the_data(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2 * len(y)]).to_event(1))  # not one per datum
     with pyro.plate("data", len(x)):
-        pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
+        pyro.sample("obs", dist.Normal(w.sum() * x[:, 0], 1.0), obs=y)
 
 
 def no_plate(x, y):
@@ -250,7 +291,11 @@ WAYS_OUT = r"Pass the data to the model as arguments.*pyro.subsample\(data, even
         (closure_response, (X,), rf"site 'obs' in plate 'data' reads data it cannot split\. {WAYS_OUT}"),
         (all_global, (), rf"site 'obs' in plate 'data' reads data it cannot split\. {WAYS_OUT}"),
         (prior_from_the_data, (X, Y), r"density of site 'w' outside plate 'data' changes .*y\.std\(\)"),
-        (parameter_per_datum, (X, Y), r"Site 'w' outside plate 'data' changes shape .*Size it from"),
+        (
+            parameter_sized_from_the_data,
+            (X, Y),
+            r"Site 'w' outside plate 'data' changes shape .*not as a parameter per data point would",
+        ),
         (no_plate, (X, Y), r"no plate containing observed sites"),
     ],
 )
