@@ -702,9 +702,9 @@ def stem_for(quick: bool, regime: bool, how: str) -> str:
 def merge(paths: Sequence[Path], out: Path, *, quick: bool = False, regime: bool = False) -> list[dict]:
     """One table (in ``out``, named by :func:`stem_for`) from the results of several runs of the same
     sizes. A row of a later run replaces that of an earlier one for the same posterior and sampler (a
-    sampler run again after a change: the header lists every run's command). The table's split is the
-    first run's; of a run on another split only the NUTS rows are taken, since NUTS samples the pooled data
-    whatever the split."""
+    sampler run again after a change: the header lists every run's command). The table's split, and whether
+    the models are written for NUTS, are the first run's; of a run on another split only the NUTS rows are
+    taken, since NUTS samples the pooled data whatever the split."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     sizes = {
         tuple(part["info"][k] for k in ("chains", "warmup", "samples", "dtype", "seed")) for part in parts
@@ -714,7 +714,9 @@ def merge(paths: Sequence[Path], out: Path, *, quick: bool = False, regime: bool
             f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
         )
     how = parts[0]["info"].get("split", "iid")
-    stem = out / stem_for(quick, regime, how)
+    stem = out / (
+        stem_for(quick, regime, how) + "_written_for_nuts" * bool(parts[0]["info"].get("written_for_nuts"))
+    )
     # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
     latest = {
         (row["posterior"], row["sampler"]): row

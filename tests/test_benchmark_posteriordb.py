@@ -130,6 +130,27 @@ def test_translation_matches_the_stan_program(harness, name, points, by_hand):
     assert differences[0] == pytest.approx(differences[1], abs=1e-6)
 
 
+def test_every_model_written_for_nuts_has_the_potential_of_its_subsample_form(harness):
+    """The table's ``--written-for-nuts`` rows: each model with its data read at full size is run on each
+    client's rows of its arguments, and its clients' gradients and potentials are those of the model read
+    through the plate's indices, to rounding."""
+    for name in harness.POSTERIORS:
+        posterior, args, _ = harness.load(name, torch.float64)
+        clients = harness.split(posterior, args, "iid")
+        potentials = [
+            pyro_fed.FederatedPotential(model, args, clients=clients, gradient_mode="eager")
+            for model in (posterior.model, harness.written_for_nuts(posterior.model))
+        ]
+        assert potentials[0].sites.rows is None and potentials[1].sites.rows is not None, name
+        b, d = potentials[0].num_clients, potentials[0].dim
+        points = 0.1 * torch.randn(2, b, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        points = points + potentials[0].initial_flat
+        grads = [pot.client_grads(points, pot.full_batches) for pot in potentials]
+        values = [pot.total_potentials(points[:, 0]) for pot in potentials]
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-10, msg=name)
+        torch.testing.assert_close(values[1], values[0], rtol=1e-10, atol=1e-10, msg=name)
+
+
 def test_stan_start_never_samples_an_improper_prior(harness):
     site = {"fn": pyro.distributions.ImproperUniform(pyro.distributions.constraints.ordered_vector, (), (3,))}
     value = harness.init_to_stan_uniform(site)
@@ -216,6 +237,15 @@ def test_harness_rows_at_a_tiny_size(harness, tmp_path):
         factor = 1 if row["sampler"] == "NUTS" else 3
         assert row["seconds"] == factor * seconds[row["posterior"], row["sampler"]]
     assert (tmp_path / "posteriordb_sorted.md").exists()
+
+
+def test_the_rows_written_for_nuts_have_their_own_table(harness, tmp_path):
+    options = ["--quick", "--posteriors", "arK-arK", "--kernels", "FALD", "--chains", "2", "--warmup", "20"]
+    rows = harness.main([*options, "--samples", "30", "--written-for-nuts", "--out", str(tmp_path)])
+    assert rows[0]["error"] is None, rows[0]["error"]
+    saved = json.loads((tmp_path / "posteriordb_quick_written_for_nuts.json").read_text())
+    assert saved["info"]["written_for_nuts"] is True
+    assert "the models written for NUTS" in (tmp_path / "posteriordb_quick_written_for_nuts.md").read_text()
 
 
 def test_a_crash_is_a_row(harness, monkeypatch):

@@ -18,6 +18,7 @@ from pyro_fed.testing import batch_means_standard_error, fald_stationary_law, re
 
 from ..models import (
     gaussian_regression,
+    gaussian_regression_for_nuts,
     hierarchical_data,
     hierarchical_regression,
     logistic_model,
@@ -27,6 +28,8 @@ from ..models import (
 
 NOISE_SD = 0.5
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+#: the conjugate regression written with pyro.subsample and as a NUTS user writes it: the same exact law
+FORMS = [gaussian_regression, gaussian_regression_for_nuts]
 
 
 def run(kernel, args, num_samples, warmup=200, **kwargs):
@@ -46,7 +49,8 @@ def check_against_gaussian_law(draws, law):
 
 
 @pytest.mark.slow
-def test_fald_full_batch_matches_exact_discretised_law():
+@pytest.mark.parametrize("regression", FORMS, ids=["pyro.subsample", "written for NUTS"])
+def test_fald_full_batch_matches_exact_discretised_law(regression):
     # comm_prob = 1, full local batches: every iteration ends at consensus, and the average follows
     # X' = X - h grad U(X) + sqrt(2h) xi with h = step_size / b (pyro_fed.algorithms.fald): a Gaussian AR(1).
     # Four chains run as one batch: each is a stationary chain of the exact law, independent of the others.
@@ -54,7 +58,7 @@ def test_fald_full_batch_matches_exact_discretised_law():
     _, posterior_cov = exact.posterior()
     step = 4 * 0.5 / torch.linalg.eigvalsh(exact.precisions.sum(0)).max().item()
     hyper = {"step_size": step, "comm_prob": 1.0, "noise_corr": 0.3}
-    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, **hyper)
+    kernel = FaldKernel(regression(NOISE_SD), clients, **hyper)
     chains = run(kernel, (x, y), num_samples=5000, num_chains=4).get_samples(group_by_chain=True)["w"]
     law = fald_stationary_law(exact, **hyper)
     # each chain has the exact law on its own...

@@ -34,9 +34,11 @@ from ..algorithms.test_adaptation import (
     preconditioned,
     run,
 )
-from ..models import gaussian_regression, sorted_regression
+from ..models import gaussian_regression, gaussian_regression_for_nuts, sorted_regression
 
 Z = 4.5  # tolerance in standard errors: a false alarm has probability ~1e-5 per checked number
+#: the conjugate regression written with pyro.subsample and as a NUTS user writes it: the same exact law
+FORMS = [gaussian_regression, gaussian_regression_for_nuts]
 
 
 # ----------------------------------------------------------------------------------- the pure rule
@@ -155,7 +157,8 @@ def check_the_posterior_within_the_step_budget(mcmc, mean, covariance):
 
 
 @pytest.mark.slow
-def test_qlsd_plus_plus_with_partial_participation_matches_the_posterior():
+@pytest.mark.parametrize("regression", FORMS, ids=["pyro.subsample", "written for NUTS"])
+def test_qlsd_plus_plus_with_partial_participation_matches_the_posterior(regression):
     # QLSD++ (s = 2^4, snapshots every 10 iterations, memory), minibatches of 5, each client present with
     # probability 0.5: g is an unbiased estimate of grad U and U is quadratic, so the stationary mean is the
     # posterior mean exactly (checked with batch-means standard errors); every variance is inflated by at most
@@ -163,7 +166,7 @@ def test_qlsd_plus_plus_with_partial_participation_matches_the_posterior():
     x, y, clients, exact = anisotropic_problem()
     mean, covariance = exact.posterior()
     kernel = QlsdKernel(
-        gaussian_regression(NOISE_SD),
+        regression(NOISE_SD),
         clients,
         control_variate="svrg",
         snapshot_every=10,
