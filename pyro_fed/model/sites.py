@@ -726,7 +726,7 @@ class ModelSites:
         shape changes otherwise."""
         args, kwargs = self.rows.select(self.model_args, self.model_kwargs, indices)
         positions = torch.arange(len(indices), device=indices.device)
-        tracer = poutine.trace(poutine.condition(self.model, data={**values, self.plate: positions}))
+        tracer = self._tracer(self.model, {**values, self.plate: positions})
         with pyro.validation_enabled(False), self._full_size(), contextlib.suppress(Exception):
             tracer.get_trace(*args, **kwargs)
         nodes, axes = tracer.msngr.trace.nodes, {}
