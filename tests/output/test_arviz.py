@@ -1,5 +1,7 @@
 """to_inference_data: real ArviZ objects, and ArviZ's own functions on them."""
 
+import warnings
+
 import arviz as az
 import matplotlib
 import numpy as np
@@ -108,6 +110,38 @@ def test_constrained_sites_and_from_pyro():
     assert replicates.shape == (1, 50, 30) and len(np.unique(replicates)) == replicates.size
     # Pyro's own converter works too, since diagnostics carry "divergences"
     assert az.from_pyro(mcmc).sample_stats["diverging"].shape == (1, 50)
+
+
+def regression_tutorial(africa, rugged, log_gdp=None):
+    """The shape of Pyro's "Bayesian regression" tutorial, as written for NUTS: scalar coefficients, the
+    mean at full size before the plate (which Predictive can vectorise over draws)."""
+    a = pyro.sample("a", dist.Normal(0.0, 10.0))
+    b_a = pyro.sample("bA", dist.Normal(0.0, 1.0))
+    b_r = pyro.sample("bR", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.Uniform(0.0, 10.0))
+    mean = a + b_a * africa + b_r * rugged
+    with pyro.plate("data", len(rugged)):
+        pyro.sample("obs", dist.Normal(mean, sigma), obs=log_gdp)
+
+
+def test_az_from_pyro_carries_the_log_likelihood_of_a_model_it_can_vectorise_and_az_loo_runs():
+    g = torch.Generator().manual_seed(0)
+    africa = (torch.rand(60, generator=g) < 0.3).double()
+    rugged = 3 * torch.rand(60, generator=g).double()
+    log_gdp = 9 - 1.5 * africa - 0.2 * rugged + 0.5 * torch.randn(60, generator=g).double()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(FaldKernel(regression_tutorial, 3), num_samples=100, warmup_steps=50, disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short run: the end-of-run checks' notice is not what is tested
+        mcmc.run(africa, rugged, log_gdp)
+    converted = az.from_pyro(mcmc)
+    ours = pyro_fed.to_inference_data(mcmc, log_likelihood=True)
+    # ArviZ's own vectorised evaluation of the model at the draws: the log-likelihood pyro_fed computes
+    np.testing.assert_allclose(
+        converted.log_likelihood["obs"].values, ours.log_likelihood["obs"].values, rtol=1e-10
+    )
+    loo = az.loo(converted)
+    assert np.isfinite(loo.elpd_loo) and loo.n_data_points == 60
 
 
 def test_the_posterior_holds_the_deterministic_sites_and_the_reparametrised_ones():
