@@ -621,15 +621,21 @@ class ModelSites:
     def _check_model_reads_plate_indices(self) -> None:
         n = min(2, self.num_data - 1) if self.num_data > 1 else 1
         values = {name: self.initial_trace.nodes[name]["value"] for name in self.latent_names}
+        indices = torch.arange(n, device=values[self.latent_names[0]].device)
+        self._trial_run(values, indices, f"a subsample of {n} indices of plate {self.plate!r}")
+
+    def _trial_run(self, values: dict[str, torch.Tensor], indices: torch.Tensor, on: str) -> Trace:
+        """The model run at the latent ``values`` on the data ``indices`` (described by ``on``), its failure
+        refused with its likely cause and the ways out, and its likelihood sites checked to follow them."""
         try:
-            trace = self.run(values, torch.arange(n, device=values[self.latent_names[0]].device))
+            trace = self.run(values, indices)
         except Exception as error:
-            self._diagnose(error, self.initial_trace, f"when run on a subsample of {n} indices")
+            self._diagnose(error, self.initial_trace, f"when run on {on}")
             raise ValueError(
-                f"The model failed when run on a subsample of {n} indices of plate {self.plate!r} "
-                f"({_first_line(error)}). {self._ways_out(error)}"
+                f"The model failed when run on {on} ({_first_line(error)}). {self._ways_out(error)}"
             ) from error
-        self._check_follows_plate(trace, n)
+        self._check_follows_plate(trace, len(indices))
+        return trace
 
     def _check_follows_plate(self, trace: Trace, n: int) -> None:
         """Refuse a likelihood site of ``trace`` (a run on ``n`` data) whose distribution or value does not
@@ -688,15 +694,7 @@ class ModelSites:
                 f"point ({', '.join(self.row_latents)}), whose prior pyro_fed reads from the sites before "
                 "the plate: declare the global sites before the plate."
             )
-        try:
-            trace = self.run(values, indices)
-        except Exception as error:
-            self._diagnose(error, self.initial_trace, f"when run on {n} rows of its data arguments")
-            raise ValueError(
-                f"The model failed when run on {n} rows of its data arguments ({arguments}) "
-                f"({_first_line(error)}). {self._ways_out(error)}"
-            ) from error
-        self._check_follows_plate(trace, n)
+        trace = self._trial_run(values, indices, f"{n} rows of its data arguments ({arguments})")
         latent = next(iter(values.values()))
         tolerance = 1e-4 if latent.dtype == torch.float32 else 1e-8
         for name in self.latent_names + self.global_observed:
