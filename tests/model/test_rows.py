@@ -195,6 +195,42 @@ def test_each_shape_nuts_users_write_has_the_potential_of_the_subsample_form(dat
     torch.testing.assert_close(values, expected_values, rtol=1e-12, atol=1e-12)
 
 
+def masked_by_subsample(x, y, observed):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", len(y)):
+        mean = pyro.subsample(x, event_dim=1) @ w
+        observed = pyro.subsample(observed, event_dim=0)
+        pyro.sample("y", dist.Normal(mean, 1.0), obs=pyro.subsample(y, event_dim=0), obs_mask=observed)
+
+
+def transposed_features(features_by_row, y, observed):
+    """The features laid out [p, N] (a data point per column), an obs_mask argument."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([features_by_row.shape[0]]).to_event(1))
+    mean = w @ features_by_row
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(mean, 1.0), obs=y, obs_mask=observed)
+
+
+def factor_likelihood(x, y, observed):
+    """The likelihood as a factor in the plate, masked by hand."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    mean = x @ w
+    with pyro.plate("data", len(y)):
+        pyro.factor("y", torch.where(observed, dist.Normal(mean, 1.0).log_prob(y), 0.0))
+
+
+@pytest.mark.parametrize("model", [transposed_features, factor_likelihood])
+def test_data_along_another_axis_masks_and_factors_read_by_rows(model):
+    x, y = regression_data(30)
+    observed = torch.rand(30, generator=torch.Generator().manual_seed(3)) > 0.2
+    args = (x.T.contiguous(), y, observed) if model is transposed_features else (x, y, observed)
+    pot, grads, values = potentials(model, args)
+    _, expected_grads, expected_values = potentials(masked_by_subsample, (x, y, observed))
+    assert len(pot.sites.rows.names) == 3
+    torch.testing.assert_close(grads, expected_grads, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(values, expected_values, rtol=1e-12, atol=1e-12)
+
+
 def test_the_data_arguments_are_those_with_a_row_per_datum():
     x, y = regression_data(10)
     rows = DataRows(logistic_model_for_nuts, (x, y), {"scale": torch.ones(3), "size": 10}, num_data=10)
