@@ -19,7 +19,9 @@ never from the pooled data:
    (:func:`~pyro_fed.kernels.warmup.find_mode`: every evaluation is one round in which each client uploads
    its gradient and potential);
 2. each client's **Hessian** at the mode by forward-over-reverse differentiation (:func:`client_hessians`,
-   :math:`d` Hessian-vector products), summed by the server into :math:`H = \nabla^2 U(\hat x)`. The
+   :math:`d` Hessian-vector products; above ``EXACT_DIAGONAL_DIMENSIONS`` coordinates its diagonal is
+   estimated from ``DIAGONAL_PROBES`` random probes, a fixed number of data passes), summed by the server
+   into :math:`H = \nabla^2 U(\hat x)`. The
    *diagonal* preconditioner is :math:`m_k = 1 / |H_{kk}|` (:func:`preconditioner`), the Laplace
    approximation's marginal variances when the posterior's correlations are weak; the *dense* one is
    :math:`M = |H|^{-1}` (:func:`dense_preconditioner`, the absolute value taken on the eigenvalues), the
@@ -115,6 +117,12 @@ CURVATURE_FLOOR = 1e-8
 ROOT_FLOOR = 1e-15
 #: Hessian-vector products computed together (bounds memory: one full-data gradient per product)
 DIRECTIONS_PER_PASS = 32
+#: the largest dimension whose Hessian diagonal is computed exactly (:func:`client_hessians`: ``d``
+#: Hessian-vector products, ``d / DIRECTIONS_PER_PASS`` full-data passes); above it, it is estimated
+EXACT_DIAGONAL_DIMENSIONS = 2048
+#: the random probes of the estimated Hessian diagonal (``DIAGONAL_PROBES / DIRECTIONS_PER_PASS`` full-data
+#: passes, whatever the dimension)
+DIAGONAL_PROBES = 256
 #: :math:`T`: the pilot's length in the continuous time of the Langevin diffusion (see :func:`pilot_step`)
 PILOT_DURATION = 10.0
 #: the pilot's stiffness measurements (and chances to shrink the step), at most
@@ -249,13 +257,30 @@ def client_hessians(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r"""Every client's Hessian diagonal :math:`\partial^2_{kk} U^i` at ``point`` (``[d]``), ``[b, d]``, and
     with ``total`` the sum of the clients' Hessians :math:`\sum_i \nabla^2 U^i`, ``[d, d]`` (else
-    ``None``): exact, from :math:`d` Hessian-vector products (one full-data pass each,
-    ``DIRECTIONS_PER_PASS`` at a time).
+    ``None``).
+
+    Up to ``EXACT_DIAGONAL_DIMENSIONS`` coordinates (and always with ``total``), exact: :math:`d`
+    Hessian-vector products with the unit vectors, ``DIRECTIONS_PER_PASS`` per full-data pass. Above it, a
+    fixed number of passes whatever :math:`d`: Bekas, Kokiopoulou and Saad's estimator with ``K =
+    DIAGONAL_PROBES`` Rademacher probes :math:`z_k \in \{-1, 1\}^d`,
+
+    .. math:: \hat D^i = \frac1K \sum_{k=1}^K z_k \odot \nabla^2 U^i z_k,
+
+    unbiased, each entry with variance :math:`\frac1K \sum_{j \ne l} (\nabla^2_{lj} U^i)^2`: accurate
+    where the Hessian's rows are dominated by their diagonal, noisy where coordinates are strongly coupled.
+    The probes are drawn from a fixed seed, the same in every process holding clients.
+
+    **Reference:** Bekas, Kokiopoulou, Saad, *An estimator for the diagonal of a matrix*, Applied Numerical
+    Mathematics 57, 2007.
 
     :param client_gradients: the clients' full gradients, points ``[m, b, d]`` -> ``[m, b, d]``,
         differentiable by :func:`torch.func.jvp`.
     :param network: the :class:`~pyro_fed.network.base.Network` that sums the clients' Hessians.
     """
+    if not total and point.shape[-1] > EXACT_DIAGONAL_DIMENSIONS:
+        probed = _probe_products(client_gradients, point, num_clients)
+        estimate = sum((products * probes[:, None, :]).sum(0) for probes, products in probed)
+        return estimate / DIAGONAL_PROBES, None
     diagonals, rows = [], []
     for basis, products in _unit_products(client_gradients, point, num_clients):
         diagonals.append((products * basis[:, None, :]).sum(-1))  # [m, b]: entry (k, k) of each client
@@ -266,6 +291,18 @@ def client_hessians(
         hessian = torch.cat(rows)
         hessian = (hessian + hessian.T) / 2  # symmetric up to rounding: exactly, for eigh
     return torch.cat(diagonals).T, hessian
+
+
+def _probe_products(client_gradients: Callable, point: torch.Tensor, num_clients: int):
+    """Every client's Hessian at ``point`` times ``DIAGONAL_PROBES`` Rademacher probes, drawn from a fixed
+    seed, ``DIRECTIONS_PER_PASS`` per full-data pass: ``(probes [m, d], products [m, b, d])`` per pass."""
+    generator = torch.Generator().manual_seed(0)
+    for start in range(0, DIAGONAL_PROBES, DIRECTIONS_PER_PASS):
+        count = min(DIRECTIONS_PER_PASS, DIAGONAL_PROBES - start)
+        signs = torch.randint(0, 2, (count, point.shape[-1]), generator=generator)
+        probes = (2 * signs - 1).to(point)
+        tangents = probes[:, None, :].expand(-1, num_clients, -1)
+        yield probes, hessian_products(client_gradients, point, tangents)
 
 
 def preconditioner(curvature: torch.Tensor) -> torch.Tensor:
