@@ -229,13 +229,18 @@ def hessian_products(client_gradients: Callable, point: torch.Tensor, tangents: 
     return torch.func.jvp(client_gradients, (points,), (tangents,))[1]
 
 
+def _products(client_gradients: Callable, point: torch.Tensor, num_clients: int, directions):
+    """Every client's Hessian at ``point`` times each block of ``directions`` (``[m, d]`` blocks of at most
+    ``DIRECTIONS_PER_PASS``, one full-data pass each): ``(block [m, d], products [m, b, d])`` per block."""
+    for block in directions:
+        yield block, hessian_products(client_gradients, point, block[:, None, :].expand(-1, num_clients, -1))
+
+
 def _unit_products(client_gradients: Callable, point: torch.Tensor, num_clients: int):
-    """Every client's Hessian at ``point`` times the unit vectors, ``DIRECTIONS_PER_PASS`` of them per
-    full-data pass: ``(basis [m, d], products [m, b, d])`` for each pass."""
+    """:func:`_products` with the unit vectors, ``DIRECTIONS_PER_PASS`` of them per full-data pass."""
     eye = torch.eye(point.shape[-1], dtype=point.dtype, device=point.device)
-    for start in range(0, point.shape[-1], DIRECTIONS_PER_PASS):
-        basis = eye[start : start + DIRECTIONS_PER_PASS]
-        yield basis, hessian_products(client_gradients, point, basis[:, None, :].expand(-1, num_clients, -1))
+    blocks = (eye[start : start + DIRECTIONS_PER_PASS] for start in range(0, len(eye), DIRECTIONS_PER_PASS))
+    return _products(client_gradients, point, num_clients, blocks)
 
 
 def client_hessian_matrices(
@@ -294,15 +299,18 @@ def client_hessians(
 
 
 def _probe_products(client_gradients: Callable, point: torch.Tensor, num_clients: int):
-    """Every client's Hessian at ``point`` times ``DIAGONAL_PROBES`` Rademacher probes, drawn from a fixed
-    seed, ``DIRECTIONS_PER_PASS`` per full-data pass: ``(probes [m, d], products [m, b, d])`` per pass."""
+    """:func:`_products` with ``DIAGONAL_PROBES`` Rademacher probes drawn from a fixed seed,
+    ``DIRECTIONS_PER_PASS`` per full-data pass."""
     generator = torch.Generator().manual_seed(0)
-    for start in range(0, DIAGONAL_PROBES, DIRECTIONS_PER_PASS):
-        count = min(DIRECTIONS_PER_PASS, DIAGONAL_PROBES - start)
-        signs = torch.randint(0, 2, (count, point.shape[-1]), generator=generator)
-        probes = (2 * signs - 1).to(point)
-        tangents = probes[:, None, :].expand(-1, num_clients, -1)
-        yield probes, hessian_products(client_gradients, point, tangents)
+    counts = [
+        min(DIRECTIONS_PER_PASS, DIAGONAL_PROBES - start)
+        for start in range(0, DIAGONAL_PROBES, DIRECTIONS_PER_PASS)
+    ]
+    blocks = (
+        (2 * torch.randint(0, 2, (count, point.shape[-1]), generator=generator) - 1).to(point)
+        for count in counts
+    )
+    return _products(client_gradients, point, num_clients, blocks)
 
 
 def preconditioner(curvature: torch.Tensor) -> torch.Tensor:

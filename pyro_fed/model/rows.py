@@ -106,11 +106,16 @@ def _walk(args: tuple, kwargs: dict):
             yield from (((*path, k), v) for k, v in value.items())
 
 
+def model_signature(model: Callable) -> inspect.Signature:
+    """The signature the model is called with (a :class:`~torch.nn.Module`'s ``forward``'s); raises
+    ``TypeError`` or ``ValueError`` where it cannot be read."""
+    return inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model)
+
+
 def _positional_names(model: Callable) -> list[str]:
     """The names of the model's positional parameters (none where its signature cannot be read)."""
     try:
-        target = model.forward if isinstance(model, torch.nn.Module) else model
-        parameters = inspect.signature(target).parameters.values()
+        parameters = model_signature(model).parameters.values()
     except (TypeError, ValueError):
         return []
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import re
 from collections.abc import Callable, Iterator
 
@@ -54,7 +53,7 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to, constraints
 
-from .rows import DataRows
+from .rows import DataRows, model_signature
 
 #: half-width of the box of the unconstrained space where a site that cannot be sampled starts (Stan's and
 #: Pyro's :func:`~pyro.infer.autoguide.initialization.init_to_uniform` default)
@@ -259,8 +258,7 @@ def named_arguments(model: Callable, args: tuple, kwargs: dict) -> list[tuple[st
     """The model's arguments with the names of its signature (``argument 0``... where it has none), and the
     items of the lists, tuples and dicts among them (``data['x']``)."""
     try:
-        target = model.forward if isinstance(model, torch.nn.Module) else model
-        named = list(inspect.signature(target).bind(*args, **kwargs).arguments.items())
+        named = list(model_signature(model).bind(*args, **kwargs).arguments.items())
     except (TypeError, ValueError):
         named = [(f"argument {i}", arg) for i, arg in enumerate(args)] + list(kwargs.items())
     items = []
@@ -612,11 +610,7 @@ class ModelSites:
             if not rows:  # no argument holds a row per datum: nothing else to try
                 raise
         self.rows = rows
-        try:
-            self._check_rows()
-        except Exception:
-            self.rows = None
-            raise
+        self._check_rows()
 
     def _check_model_reads_plate_indices(self) -> None:
         n = min(2, self.num_data - 1) if self.num_data > 1 else 1
@@ -722,9 +716,8 @@ class ModelSites:
         is recorded before the model computes with its value): ``{site: axis}``, the axis along which it has
         one entry per datum (``N`` entries at full size, ``len(indices)`` on the rows), or ``None`` where its
         shape changes otherwise."""
-        args, kwargs = self.rows.select(self.model_args, self.model_kwargs, indices)
-        positions = torch.arange(len(indices), device=indices.device)
-        tracer = self._tracer(self.model, {**values, self.plate: positions})
+        args, kwargs, data = self._evaluation_inputs(values, indices)
+        tracer = self._tracer(self.model, data)
         with pyro.validation_enabled(False), self._full_size(), contextlib.suppress(Exception):
             tracer.get_trace(*args, **kwargs)
         nodes, axes = tracer.msngr.trace.nodes, {}
@@ -831,15 +824,21 @@ class ModelSites:
         :param bool observed: ``False`` to sample the observed sites afresh (posterior predictive).
         """
         model = self.model if observed else poutine.uncondition(self.model)
+        args, kwargs, data = self._evaluation_inputs(values, indices)
+        with pyro.validation_enabled(False), self._full_size():
+            return self._tracer(model, data).get_trace(*args, **kwargs)
+
+    def _evaluation_inputs(self, values: dict[str, torch.Tensor], indices: torch.Tensor) -> tuple:
+        """The model's arguments and the values to condition it on for a run at ``values`` on the data
+        ``indices``: the indices injected into the plate; or, in the rows form, the rows of the data
+        arguments and of the per-datum parameters at ``indices``, and the plate's positions ``0..n-1``."""
         args, kwargs = self.model_args, self.model_kwargs
-        if self.rows is not None:  # the data arguments' rows, at the plate's positions 0..n-1
+        if self.rows is not None:
             args, kwargs = self.rows.select(args, kwargs, indices)
             rows = {name: values[name].index_select(axis, indices) for name, axis in self.row_latents.items()}
             values = {**values, **rows}
             indices = torch.arange(indices.shape[-1], device=indices.device)
-        tracer = self._tracer(model, {**values, self.plate: indices})
-        with pyro.validation_enabled(False), self._full_size():
-            return tracer.get_trace(*args, **kwargs)
+        return args, kwargs, {**values, self.plate: indices}
 
     def _tracer(self, model: Callable, data: dict[str, torch.Tensor]) -> poutine.trace_messenger.TraceHandler:
         """A tracer of ``model`` conditioned on ``data``, with the messengers every evaluation runs under."""
