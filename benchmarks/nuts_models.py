@@ -150,7 +150,7 @@ def flat_draws(samples: dict[str, torch.Tensor], chains: int) -> dict[str, np.nd
     """``{coordinate: [chains, draws]}`` of every latent site's coordinates."""
     out = {}
     for name, value in samples.items():
-        value = value.reshape(chains, -1, *value.shape[1:]).reshape(chains, value.shape[0] // chains, -1)
+        value = value.reshape(chains, value.shape[0] // chains, -1)
         for j in range(value.shape[-1]):
             out[f"{name}[{j}]" if value.shape[-1] > 1 else name] = value[..., j].numpy()
     return out

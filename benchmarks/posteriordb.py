@@ -638,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     torch.set_default_dtype(dtype)  # the kernels' own tensors (steps, noise) in the same precision
     command = "python benchmarks/posteriordb.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    stem = stem_for(args.quick, args.regime, args.split) + "_written_for_nuts" * args.written_for_nuts
+    stem = stem_for(args.quick, args.regime, args.split, args.written_for_nuts)
     started = time.perf_counter()
 
     def write(rows: list[dict]) -> str:
@@ -693,10 +693,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
-def stem_for(quick: bool, regime: bool, how: str) -> str:
+def stem_for(quick: bool, regime: bool, how: str, for_nuts: bool = False) -> str:
     """The results' file name: ``posteriordb``, with ``_regime`` for the regime's samplers, ``_sorted`` for
-    the sorted split and ``_quick`` for a smoke run."""
-    return "posteriordb" + "_regime" * regime + ("" if how == "iid" else f"_{how}") + "_quick" * quick
+    the sorted split, ``_quick`` for a smoke run and ``_written_for_nuts`` for the models written for NUTS."""
+    split = "" if how == "iid" else f"_{how}"
+    return "posteriordb" + "_regime" * regime + split + "_quick" * quick + "_written_for_nuts" * for_nuts
 
 
 def merge(paths: Sequence[Path], out: Path, *, quick: bool = False, regime: bool = False) -> list[dict]:
@@ -714,9 +715,7 @@ def merge(paths: Sequence[Path], out: Path, *, quick: bool = False, regime: bool
             f"--merge: the runs differ in (chains, warmup, samples, dtype, seed): {sorted(sizes)}"
         )
     how = parts[0]["info"].get("split", "iid")
-    stem = out / (
-        stem_for(quick, regime, how) + "_written_for_nuts" * bool(parts[0]["info"].get("written_for_nuts"))
-    )
+    stem = out / stem_for(quick, regime, how, bool(parts[0]["info"].get("written_for_nuts")))
     # a posterior's rows may come from several runs (its NUTS row from another): ordered and compared here
     latest = {
         (row["posterior"], row["sampler"]): row
