@@ -17,9 +17,9 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from .. import messages
 from ..algorithms import adaptation, convergence
+from ..algorithms.adaptation import Adaptation
 from ..algorithms.base import Algorithm, Run
-from ..algorithms.mode import MODE_TOLERANCE, MODE_WARNING
-from ..data.minibatch import MinibatchSampler, client_batch_sizes
+from ..data.minibatch import MinibatchSampler
 from ..data.partition import check_clients
 from ..engine.compile import check_mode
 from ..engine.draws import DrawBuffer
@@ -28,7 +28,6 @@ from ..model.potential import FederatedPotential
 from ..network.base import Network
 from ..network.in_process import InProcessNetwork
 from . import checkpoint as checkpoints
-from . import warmup
 from .arguments import (
     check_batch_size,
     check_batch_size_fits,
@@ -38,6 +37,7 @@ from .arguments import (
     check_preconditioner,
 )
 from .chunks import ChunkRunner
+from .warmup_adapter import WarmupAdapter
 
 #: elements of pre-drawn inputs (noise, minibatch indices) per chunk, at most: chunks shrink below
 #: ``chunk_size`` iterations for very large problems so that the inputs stay within a few hundred MB
@@ -48,12 +48,6 @@ DIVERGING_WARNING = 0.01
 #: posterior's standard deviations when the preconditioner is adapted; 1 without one) from the chain's
 #: initial point has exploded: it is reverted and counted as a divergence, as a non-finite step is
 EXPLOSION_SCALES = 1e6
-#: the windows of the warm-up's draws (its fractions: first, end) after each of which an automatic
-#: preconditioner is measured again from the chains' own draws in it (see FederatedKernel._adapt_to_draws):
-#: Stan's windowed adaptation, whose later window starts from what the earlier one found
-DRAWS_WINDOWS = ((0.25, 0.5), (0.5, 0.75))
-#: the fewest draws per chain in a window (a shorter warm-up keeps the preconditioner it has)
-MIN_WINDOW_DRAWS = 20
 #: the constructor's own names, besides its settings
 CALLED = ("self", "model", "clients", "__class__")
 #: what a kernel said of its sampler before the algorithms held it (see FederatedKernel.__init_subclass__)
@@ -73,6 +67,16 @@ MOVED_TO_ALGORITHM = frozenset(
         "finish_adaptation",
     )
 )
+
+
+def _iteration_constants(step: float, inverse_mass: torch.Tensor, start: torch.Tensor) -> tuple:
+    """The constants of the prepared iteration: the preconditioned step (:math:`\\gamma m`, or
+    :math:`\\gamma M` with its root), the chains' initial points and the explosion bounds around them."""
+    return (
+        adaptation.preconditioned_step(step, inverse_mass),
+        start,
+        EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
+    )
 
 
 class ChainPlan(NamedTuple):
@@ -115,8 +119,9 @@ class FederatedKernel(MCMCKernel):
     A subclass checks its own arguments and builds its :class:`~pyro_fed.algorithms.base.Algorithm` (the
     pure tensor code of :mod:`pyro_fed.algorithms`) with their settings, which it passes as ``algorithm``:
     the algorithm tells the warm-up what it needs adapted, and is bound to each run after the warm-up
-    (:meth:`~pyro_fed.algorithms.base.Algorithm.bind`). This class owns the rest: the
-    :class:`~pyro_fed.model.potential.FederatedPotential`, the warm-up, the randomness, the minibatches, the
+    (:meth:`~pyro_fed.algorithms.base.Algorithm.bind`). The warm-up is one object, built for each run
+    (:class:`~pyro_fed.kernels.warmup_adapter.WarmupAdapter`, :attr:`warmup`), which this class asks. It owns
+    the rest: the :class:`~pyro_fed.model.potential.FederatedPotential`, the randomness, the minibatches, the
     network, reverting diverging steps (non-finite or exploded: counted as divergences), the buffers and the
     per-draw statistics.
 
@@ -248,9 +253,9 @@ class FederatedKernel(MCMCKernel):
         self.clients = clients
         self.step_size = None if step_size is None else check_positive("step_size", step_size)
         self.preconditioner = check_preconditioner(preconditioner)
-        #: what the warm-up chose (:class:`~pyro_fed.algorithms.adaptation.Adaptation`), or ``None`` when the
-        #: user gave everything
-        self.adaptation = None
+        #: the run's warm-up and the record of what it chose
+        #: (:class:`~pyro_fed.kernels.warmup_adapter.WarmupAdapter`), built at set-up
+        self.warmup: WarmupAdapter | None = None
         self.batch_size = check_batch_size(batch_size)
         self.thinning = check_positive_int("thinning", thinning, "chosen with an automatic step, else 1")
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -284,9 +289,6 @@ class FederatedKernel(MCMCKernel):
         self._checkpointed = 0  # draws per chain computed at the last checkpoint
         self._checkpoint_interval = 1  # draws per chain between checkpoints, fixed at set-up
         self._run: Run | None = None  # what the run gives the algorithm (see Algorithm.bind)
-        self._finished = algorithm  # the settings as the warm-up's last word left them (finish_adaptation)
-        self._finish_problems: list[str] = []  # what that last word found, repeated at the end of the run
-        self._warned_draws = math.inf
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -362,6 +364,17 @@ class FederatedKernel(MCMCKernel):
         self.rng = Randomness(seed, pot.device)
         self.network = network.attach(len(pot.all_client_sizes), pot.dim, num_chains)
         self._chain, self._served = 0, 0
+        self.warmup = warm = WarmupAdapter(
+            self.settings,
+            pot,
+            step_size=self.step_size,
+            preconditioner=self.preconditioner,
+            batch_size=self.batch_size,
+            thinning=self.thinning,
+            gradient_mode=self.gradient_mode,
+            warmup_steps=warmup_steps,
+            name=type(self).__name__,
+        )
         self._run = Run(
             network=network,
             num_chains=num_chains,
@@ -370,25 +383,24 @@ class FederatedKernel(MCMCKernel):
             device=pot.device,
             potential=pot,
             full_gradients=self._full_gradients,
-            mode=self._mode,
+            mode=warm.mode,
             step_size=self.step_size,
             thinning=self.thinning,
             num_samples=self.plan.num_samples,
         )
-        self._finished, self._finish_problems = self.settings, []
-        self._warned_draws = math.inf  # the independent draws a warning before the draws last counted
         positions, inverse_mass = self._starts(network, saved, adaptation_seed, num_chains)
         self._run = dataclasses.replace(
             self._run,
             chosen=self.adaptation,
             step=self.current_step_size,
             exact_gradients=self.full_local_batches,
-            event_probability=self._event_probability(),
+            event_probability=warm.event_probability(),
         )
         if saved is None:
-            self._warn_if_draws_dependent()
+            warm.say()
+            warm.warn_if_draws_dependent(self.plan.num_samples)
             self.warn_before_run()
-        algorithm = self._finished.bind(self._run)
+        algorithm = warm.finished.bind(self._run)
         if saved is None:
             state = tuple(algorithm.init(positions))
             self._start = checkpoints.Start(positions, inverse_mass, (seed, adaptation_seed))
@@ -397,7 +409,7 @@ class FederatedKernel(MCMCKernel):
         self.runner = self._runner(algorithm, state, positions, inverse_mass, network)
         if saved is not None:
             checkpoints.restore_run(saved, self.runner, pot.device)
-        self._window_end = self._draws_window(warmup_steps)
+        self._window_end = warm.next_window(self.runner.computed)
         thinning = self.current_thinning
         self._checkpointed = self.runner.computed // thinning
         if self.checkpoint_every is not None:
@@ -445,43 +457,34 @@ class FederatedKernel(MCMCKernel):
         self, network: Network, saved: dict | None, adaptation_seed: int, num_chains: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The chains' initial points ``[C, d]`` and the run's inverse mass, after the warm-up (which needs
-        chain 0's initial point), with the minibatch, the thinning and the iterations they imply; a resumed
-        run's are the checkpoint's (its preconditioner the draws' if they were measured)."""
-        pot = self.potential
+        chain 0's initial point), with the iterations they imply; a resumed run's are the checkpoint's (its
+        preconditioner the draws' if they were measured)."""
+        pot, warm = self.potential, self.warmup
         if saved is None:
-            self._initial_params = self._initial_values(num_chains)
-            positions = torch.stack([pot.flatten(p) for p in self._initial_params]).to(pot.device, pot.dtype)
+            given = self._initial_values(num_chains)
+            positions = torch.stack([pot.flatten(p) for p in given]).to(pot.device, pot.dtype)
             positions = network.share(positions)
-            self._initial_params = [pot.unconstrained_params(p) for p in positions]
             pot.check_initial_points(positions)
-            inverse_mass = self._choose_step_and_preconditioner(positions[0], adaptation_seed)
+            inverse_mass = warm.choose(positions[0], adaptation_seed, self._run)
+            # the user's starts or strategy, else the warm-up's Laplace approximation (see init_strategy)
+            laplace = (
+                self.init_strategy is None
+                and self.plan.initial_params is None
+                and self._user_initial_params is None
+            )
+            positions = warm.starts(positions, self.rng, laplace)
         else:
-            self._start, self.adaptation = checkpoints.start(saved, pot.device)
+            self._start, chosen = checkpoints.start(saved, pot.device)
+            warm.resume(chosen)
             positions, inverse_mass = self._start.positions, self._start.inverse_mass
-            if self.adaptation is not None:
-                inverse_mass = self.adaptation.preconditioner
-            self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        batch, sizes = self.current_batch_size, pot.all_client_sizes
-        self.full_local_batches = batch is None or bool((client_batch_sizes(batch, sizes) == sizes).all())
+            if chosen is not None:
+                inverse_mass = chosen.preconditioner
+        self._initial_params = [pot.unconstrained_params(p) for p in positions]
         self._iterations_needed = (
             None
             if self.plan.num_samples is None
             else (self._warmup_steps + self.plan.num_samples) * self.current_thinning
         )
-        if saved is None and self._starts_from_laplace():
-            root = adaptation.square_root(inverse_mass)
-            positions = self.adaptation.mode + adaptation.whiten(
-                root, self.rng.normal(num_chains, pot.dim, dtype=pot.dtype)
-            )
-            pot.check_initial_points(positions)
-            self._initial_params = [pot.unconstrained_params(p) for p in positions]
-        elif saved is None and self.adaptation is not None:
-            # a given start far above the posterior's typical potential, where the automatic step is not known
-            # to be stable (every step from there may diverge and be reverted), is pulled toward the mode
-            positions = adaptation.typical_points(
-                pot.total_potentials, self.adaptation.mode, positions - self.adaptation.mode
-            )
-            self._initial_params = [pot.unconstrained_params(p) for p in positions]
         return positions, inverse_mass
 
     def _runner(
@@ -502,13 +505,7 @@ class FederatedKernel(MCMCKernel):
             if self.full_local_batches
             else pot.minibatch_sampler(batch, chunk_size=chunk, num_chains=num_chains, rng=self.rng)
         )
-        # inputs of the prepared iteration: the preconditioned step (gamma * m, or gamma * M with its root),
-        # and the explosion bounds
-        constants = (
-            adaptation.preconditioned_step(self.current_step_size, inverse_mass),
-            positions.clone(),
-            EXPLOSION_SCALES * adaptation.marginal_scales(inverse_mass),
-        )
+        constants = _iteration_constants(self.current_step_size, inverse_mass, positions.clone())
         return ChunkRunner(
             algorithm,
             state,
@@ -554,165 +551,45 @@ class FederatedKernel(MCMCKernel):
             return self.runner.preparation_seconds
         return 0.0 if self.potential is None else self.potential.preparation_seconds
 
-    def _choose_step_and_preconditioner(self, start: torch.Tensor, seed: int) -> torch.Tensor:
-        """Run the warm-up adaptation if anything is automatic (from chain 0's initial point ``start``, so
-        that it is the same for any number of chains); the inverse mass ``[d]``."""
-        pot = self.potential
-        given = None  # the user's fixed inverse mass
-        if isinstance(self.preconditioner, torch.Tensor):
-            if self.preconditioner.shape not in ((pot.dim,), (pot.dim, pot.dim)):
-                raise ValueError(
-                    f"preconditioner has shape {tuple(self.preconditioner.shape)}; the model has {pot.dim} "
-                    f"unconstrained coordinates: give one positive number per coordinate, or a "
-                    f"{pot.dim} x {pot.dim} matrix."
-                )
-            given = self.preconditioner.to(pot.device, pot.dtype)
-        self.adaptation = None
-        if self.step_size is None or isinstance(self.preconditioner, str):
-            named = isinstance(self.preconditioner, str) and self.preconditioner != "adapt"
-            form = self.preconditioner if named else "auto"
-            chosen = warmup.adapt(
-                pot,
-                self._sampler(),
-                start,
-                seed,
-                self.settings.warmup_preconditioner if given is None else given,
-                form,
-                max_pilot_iterations=self._pilot_budget(),
-            )
-            self.adaptation, self._finished, self._finish_problems = self.settings.finish_adaptation(
-                chosen, self._run
-            )
-            return self.adaptation.preconditioner
-        return given if given is not None else torch.ones(pot.dim, dtype=pot.dtype, device=pot.device)
-
-    def _sampler(self, **chosen) -> warmup.Sampler:
-        """What the warm-up must know of this kernel (:class:`~pyro_fed.kernels.warmup.Sampler`): its
-        settings, or those ``chosen`` already (the minibatch and the thinning, when the preconditioner is
-        measured again from the draws)."""
-        algorithm, run = self.settings, self._run
-        settings = {
-            "step_size": self.step_size,
-            "thinning": self.thinning,
-            "batch_size": self.batch_size,
-            # when neither the minibatch nor the step is given
-            "chooses_batch_size": self.batch_size is None
-            and self.step_size is None
-            and algorithm.reads_minibatches(),
-            **chosen,
-        }
-        return warmup.Sampler(
-            name=type(algorithm).__name__,
-            server_step=algorithm.server_step,
-            average_step=algorithm.average_step(),
-            random_at_full_batch=algorithm.random_at_full_batch(run),
-            gradient_evaluations=algorithm.gradient_evaluations(minibatches=True),
-            adaptation_noise=functools.partial(algorithm.adaptation_noise, run=run),
-            chosen_step=functools.partial(algorithm.chosen_step, run=run),
-            gradient_mode=self.gradient_mode,
-            **settings,
-        )
-
-    def _pilot_budget(self) -> float:
-        """The pilot's iterations per iteration of a draw: as many upload rounds per particle as a chain's
-        warm-up (see :meth:`~pyro_fed.algorithms.base.Algorithm.upload_rate`)."""
-        return self._warmup_steps * min(1.0, self.settings.upload_rate(self._run))
+    @property
+    def adaptation(self) -> Adaptation | None:
+        """What the warm-up chose (:class:`~pyro_fed.algorithms.adaptation.Adaptation`: the step, the
+        preconditioner, the mode, the minibatch, the thinning, and why), ``None`` when the user gave
+        everything or before set-up; the record of :attr:`warmup`."""
+        return None if self.warmup is None else self.warmup.chosen
 
     @property
     def current_step_size(self) -> float | None:
         """The step size :math:`\\gamma` of the current run: the user's, or the one the warm-up chose."""
-        return self.adaptation.step_size if self.adaptation is not None else self.step_size
+        return self.step_size if self.warmup is None else self.warmup.step_size
 
     @property
     def current_batch_size(self) -> int | float | None:
         """The minibatch size per client of the current run (``None``: full local batches): the user's, or
         the one the warm-up chose."""
-        if self.adaptation is not None:
-            return self.adaptation.batch_size
-        return None if self.batch_size == "full" else self.batch_size
+        if self.warmup is None:
+            return None if self.batch_size == "full" else self.batch_size
+        return self.warmup.batch_size
 
     @property
     def current_thinning(self) -> int:
         """Iterations per draw of the current run: the user's, or the one the warm-up chose (1 with a given
         step size and no thinning)."""
-        return self.adaptation.thinning if self.adaptation is not None else (self.thinning or 1)
+        return (self.thinning or 1) if self.warmup is None else self.warmup.thinning
+
+    @property
+    def full_local_batches(self) -> bool:
+        """Whether every client reads all its data at every iteration of the current run."""
+        return self.warmup.full_local_batches
 
     def iteration_data(self) -> int:
-        """Data evaluations per iteration of the current run, summed over clients and chains' one copy: each
-        client's minibatch (or its data) times the algorithm's
-        :meth:`~pyro_fed.algorithms.base.Algorithm.gradient_evaluations`."""
-        sizes = self.potential.all_client_sizes
-        used = sizes if self.full_local_batches else client_batch_sizes(self.current_batch_size, sizes)
-        return self.settings.gradient_evaluations(not self.full_local_batches) * int(used.sum())
-
-    def _event_probability(self) -> float:
-        """The automatic probability per iteration of an event that evaluates all the data (VR-FALD⋆'s
-        refresh, the inverse of QLSD++'s snapshot period): a tenth of the run's data evaluations
-        (:func:`~pyro_fed.algorithms.adaptation.refresh_probability`, from all clients' sizes)."""
-        return adaptation.refresh_probability(
-            self.iteration_data(), int(self.potential.all_client_sizes.sum())
-        )
-
-    def _warn_if_draws_dependent(self) -> None:
-        """Warn before the draws when the automatic thinning is short of half the slowest direction's
-        relaxation time (stopped at its cap, ``MAX_THINNING``, or kept from the set-up while the warm-up's
-        draws made the step smaller) and the draws then cannot hold ``ESS_PER_CHAIN`` independent ones per
-        chain (the end-of-run checks' threshold), naming the thinning that would: a slow sampler's run
-        otherwise ends, minutes later, in a warning about its effective sample size. Not where the
-        algorithm's last word on the warm-up already said why (D-ULA's cut step)."""
-        chosen, num_samples = self.adaptation, self.plan.num_samples
-        if chosen is None or self.thinning is not None or num_samples is None or self._finish_problems:
-            return
-        relaxation = chosen.relaxation
-        if not math.isfinite(relaxation) or chosen.thinning >= math.floor(relaxation / 2):
-            return
-        covered = num_samples * chosen.thinning / relaxation
-        # said once, and again only where the warm-up's draws made it worse
-        if covered / 2 >= min(convergence.ESS_PER_CHAIN, self._warned_draws):
-            return
-        self._warned_draws = covered / 2
-        messages.warn(
-            f"pyro_fed: at {type(self).__name__}'s automatic step the slowest direction relaxes over about "
-            f"{relaxation:.3g} iterations, and the automatic thinning puts the draws {chosen.thinning} "
-            f"iterations apart (at most {adaptation.MAX_THINNING}, chosen before the warm-up's draws): the "
-            f"{num_samples} draws per chain cover {covered:.3g} relaxation times, about {covered / 2:.3g} "
-            f"independent draws per chain (the end-of-run checks ask for {convergence.ESS_PER_CHAIN}). Pass "
-            f"thinning={math.ceil(relaxation / 2)} for nearly independent draws, or more num_samples.",
-        )
+        """Data evaluations per iteration of the current run, summed over clients (one chain's)."""
+        return self.warmup.iteration_data()
 
     def warn_before_run(self) -> None:
         """The kernel's own warnings once the warm-up chose its settings, before the chains start (pSGLD's,
         QLSD's, FSGLD's); none by default. FALD's client drift is said where the warm-up's settings are
         finished (:meth:`~pyro_fed.algorithms.base.Algorithm.finish_adaptation`)."""
-
-    def _mode(self, what: str, cost: str, remedy: str) -> torch.Tensor:
-        """The potential's mode, for a sampler's own use of it (QLSD⋆'s fixed point, FSGLD's surrogates): the
-        warm-up's, or, with a given step (no warm-up), one found by L-BFGS from the initial point, its
-        rounds counted; a warning names ``what`` it is for, its ``cost`` and the ``remedy`` where the search
-        stops short."""
-        if self.adaptation is not None:
-            return self.adaptation.mode
-        pot = self.potential
-        search = warmup.find_mode(pot, pot.initial_flat)
-        self.network.record_averages(search.evaluations, shared=True)
-        if not search.converged:
-            messages.warn(
-                f"{what}: the search for the mode stopped after {search.evaluations} evaluations with a "
-                f"Newton decrement of {search.decrement:.3g} (by its own estimate of the Hessian; it stops "
-                f"at {MODE_TOLERANCE}): {cost}. {remedy}, or leave step_size automatic (the warm-up checks "
-                "the mode with the Hessian).",
-            )
-        return search.point
-
-    def _starts_from_laplace(self) -> bool:
-        """Whether the chains start from the warm-up's Laplace approximation (see ``init_strategy``)."""
-        return (
-            self.settings.laplace_starts
-            and self.adaptation is not None
-            and self.init_strategy is None
-            and self.plan.initial_params is None
-            and self._user_initial_params is None
-        )
 
     def _full_gradients(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full gradient at each of ``r`` common points ``[r, d]``: ``[r, b, d]``. ``r`` is
@@ -766,78 +643,22 @@ class FederatedKernel(MCMCKernel):
             window = self._window_end
             if window is not None and self.runner.computed >= window[1] * self.current_thinning:
                 self._meeting(self._adapt_to_draws, *window)
-                self._window_end = self._draws_window(self._warmup_steps)
+                self._window_end = self.warmup.next_window(self.runner.computed)
             if self.checkpoint is not None:
                 self._meeting(self._write_checkpoint)
         self._served += 1
         return self.potential.unconstrained_params(self.runner.buffer.draw(draw, self._chain))
 
-    def _draws_window(self, warmup_steps: int) -> tuple[int, int] | None:
-        """The next window of draws ``(first, end)`` (:data:`DRAWS_WINDOWS` of the warm-up's) from which the
-        preconditioner is measured again once its draws are computed (:meth:`_adapt_to_draws`), when the
-        warm-up chose the step and the preconditioner and the kernel has no last word of its own on the step
-        (D-ULA's graph); ``None`` when there is none, or none left. The windows depend on ``warmup_steps``
-        alone: a run resumed from a checkpoint meets those its first run had still to meet."""
-        automatic = (
-            self.adaptation is not None
-            and self.step_size is None
-            and not isinstance(self.preconditioner, torch.Tensor)
-            and not self.settings.finishes_adaptation
-        )
-        if not automatic:
-            return None
-        for first, end in DRAWS_WINDOWS:
-            window = int(first * warmup_steps), int(end * warmup_steps)
-            if (
-                window[1] - window[0] >= MIN_WINDOW_DRAWS
-                and self.runner.computed < window[1] * self.current_thinning
-            ):
-                return window
-        return None
-
     def _adapt_to_draws(self, first: int, end: int) -> None:
-        """Stan's windowed adaptation, for one window: the covariance of the chains' draws ``first`` to
-        ``end - 1`` replaces the preconditioner in use where it disagrees with it beyond chance
-        (:func:`~pyro_fed.algorithms.adaptation.draws_preconditioner`); the step is then chosen again for it,
-        at the same minibatch and thinning, its stiffness and noise measured (and its pilot started) at some
-        of the window's draws. The Laplace approximation at the mode misjudges a posterior whose curvature
-        varies (a hierarchical model's scale): on eight schools the slowest direction then had 2.7 times fewer
-        effective draws."""
-        pot, chosen = self.potential, self.adaptation
+        """The warm-up's measure of the preconditioner from the chains' draws ``first`` to ``end - 1``
+        (:meth:`~pyro_fed.kernels.warmup_adapter.WarmupAdapter.adapt_to_draws`), given to the iterations."""
         draws = self.runner.buffer.all_draws(first)[:, : end - first]
-        draws = torch.as_tensor(draws, device=pot.device)
-        measured = adaptation.draws_preconditioner(draws, chosen.preconditioner)
-        if measured is None:
+        draws = torch.as_tensor(draws, device=self.potential.device)
+        if not self.warmup.adapt_to_draws(draws, self._start.seeds[1], self.algorithm, self._run):
             return
-        batch = self.current_batch_size
-        sampler = self._sampler(
-            chooses_batch_size=False,
-            batch_size="full" if batch is None else batch,
-            thinning=self.current_thinning,
-        )
-        # the step is checked where the chains are: at some of their draws (evenly spread over the window's
-        # second half, all chains pooled), not at draws of a Gaussian of that covariance, which put a skewed
-        # posterior's typical points where it has little mass (eight schools' log tau: in its right tail,
-        # where the curvature is ten times the typical one)
-        pooled = draws.reshape(-1, pot.dim)
-        picked = torch.linspace(0, len(pooled) - 1, warmup.TYPICAL_POINTS).round().long()
-        self.adaptation = renewed = warmup.adapt(
-            pot,
-            sampler,
-            chosen.mode,
-            self._start.seeds[1],
-            measured.to(pot.dtype),
-            max_pilot_iterations=self._pilot_budget(),
-            draws=pooled[picked],
-        )
-        self.adaptation = renewed = self.settings.finish_window(self.algorithm, renewed, self._run)
-        _, start, _ = self.runner.constants
-        self.runner.constants = (
-            adaptation.preconditioned_step(renewed.step_size, renewed.preconditioner),
-            start,
-            EXPLOSION_SCALES * adaptation.marginal_scales(renewed.preconditioner),
-        )
-        self._warn_if_draws_dependent()  # the new step may be smaller, the thinning is kept
+        renewed, (_, start, _) = self.adaptation, self.runner.constants
+        self.runner.constants = _iteration_constants(renewed.step_size, renewed.preconditioner, start)
+        self.warmup.warn_if_draws_dependent(self.plan.num_samples)  # the new step may be smaller
 
     def _write_checkpoint(self) -> None:
         """After a chunk: write the checkpoint when ``checkpoint_every`` draws per chain were computed since
@@ -888,10 +709,11 @@ class FederatedKernel(MCMCKernel):
     def diagnostics(self) -> dict:
         """The current chain's diagnostics, a few numbers as NUTS's (``mcmc.diagnostics()`` gathers them per
         chain): the divergent draws, the step size, the averaging rounds, the bits uploaded and downloaded,
-        the MB uploaded and per effective draw, the bytes this process sent, and the end-of-run checks'
-        verdict (``"passed"``, or their problems). The per-draw statistics are ArviZ's ``sample_stats``
-        (:meth:`sample_stats`), the preconditioner is the warm-up's (``kernel.adaptation``), the checks'
-        figures per coordinate are :attr:`end_of_run_checks`."""
+        the MB uploaded and per effective draw, the bytes this process sent, the end-of-run checks'
+        verdict (``"passed"``, or their problems) and the warm-up's one line
+        (:meth:`~pyro_fed.kernels.warmup_adapter.WarmupAdapter.summary`). The per-draw statistics are
+        ArviZ's ``sample_stats`` (:meth:`sample_stats`), the preconditioner is the warm-up's
+        (``kernel.adaptation``), the checks' figures per coordinate are :attr:`end_of_run_checks`."""
         stats = self.sample_stats()
         diverging = stats.get("diverging", np.zeros(0, dtype=bool))
         if len(diverging) and diverging.mean() > DIVERGING_WARNING:
@@ -918,6 +740,8 @@ class FederatedKernel(MCMCKernel):
             # what crossed a wire (none in one process): this process's, for all its chains
             "sent bytes": self.network.sent_bytes,
             "end-of-run checks": verdict,
+            # what the warm-up chose, in its one line (None: the user gave everything)
+            "warm-up": self.warmup.summary() or None,
         }
 
     def _megabytes_per_effective_draw(self, convergence: dict | None) -> float:
@@ -959,23 +783,9 @@ class FederatedKernel(MCMCKernel):
         return self._convergence
 
     def warmup_problems(self) -> list[str]:
-        """The warm-up's own checks that were not met, each a sentence: the mode not reached (its Newton
-        decrement above ``MODE_WARNING``, a posterior sd), the pilot run cut short of its Langevin time."""
-        chosen, problems = self.adaptation, []
-        if chosen is None:
-            return problems
-        if chosen.mode_decrement > MODE_WARNING:
-            problems.append(
-                f"the warm-up did not reach the mode (Newton decrement {chosen.mode_decrement:.3g} posterior "
-                f"sds, above {MODE_WARNING}): the preconditioner and the step were measured elsewhere"
-            )
-        if chosen.pilot_iterations and chosen.pilot_time < adaptation.PILOT_DURATION:
-            problems.append(
-                f"the pilot run that checks the step covered a Langevin time of {chosen.pilot_time:.3g} of "
-                f"{adaptation.PILOT_DURATION:g} (the warm-up's upload rounds cut it): more warmup_steps let "
-                "it look farther"
-            )
-        return problems + self._finish_problems
+        """The warm-up's own checks that were not met, each a sentence
+        (:meth:`~pyro_fed.kernels.warmup_adapter.WarmupAdapter.problems`)."""
+        return [] if self.warmup is None else self.warmup.problems()
 
     def logging(self) -> OrderedDict:
         """What the progress bar shows: the step size, the divergences, the averaging rounds and the bits

@@ -421,8 +421,10 @@ def test_diagnostics_print_as_nuts_s_do():
     diagnostics = mcmc.diagnostics()
     assert set(diagnostics) == {
         "w", "divergences", "step size", "communication rounds", "uploaded bits", "downloaded bits",
-        "uploaded MB", "MB per effective draw", "sent bytes", "end-of-run checks",
+        "uploaded MB", "MB per effective draw", "sent bytes", "end-of-run checks", "warm-up",
     }  # fmt: skip
+    line = kernel.warmup.summary()
+    assert diagnostics["warm-up"] == {"chain 0": line, "chain 1": line}
     assert len(str(diagnostics)) < 3000
     verdict = kernel.end_of_run_checks["problems"] or "passed"
     assert diagnostics["end-of-run checks"] == {"chain 0": verdict, "chain 1": verdict}
