@@ -16,7 +16,8 @@ peak memory is its own), one thread:
 
 Each kernel (``--kernels``; FALD and VR-FALD⋆ by default) runs at its defaults (``Kernel(model, b)``),
 ``--chains`` chains of ``--warmup`` + ``--samples`` draws, float32. Reported per size: the wall time, the
-warm-up's share of it (the set-up's adaptation and the warm-up's draws, until the first kept draw), the
+set-up's share of it (the warm-up's choices before the chains start, the issue's "warm-up share") and the
+warm-up's share (with the ``--warmup`` draws, until the first kept draw), the
 seconds per iteration of the draws, the smallest bulk ESS (over all coordinates, or a fixed set of 100
 evenly spaced ones above 100), the time to 1,000 effective draws (the warm-up plus the draws' time scaled
 to 1,000 ESS) and the peak resident memory of its process. Pyro's NUTS runs the same model on the pooled
@@ -29,6 +30,7 @@ Run::
     python benchmarks/scale.py                       # every axis at the issue's sizes: hours
     python benchmarks/scale.py --axes clients,data   # some axes
     python benchmarks/scale.py --quick               # smoke run (CI)
+    python benchmarks/scale.py --merge a.json b.json # one table of several runs' rows
 
 Results: ``benchmarks/results/scale{,_quick}.{md,json}``.
 """
@@ -52,7 +54,7 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the sizes of each axis, at full size and in the smoke run
 SIZES = {
-    "dimension": ([100, 1_000, 10_000, 100_000], [10, 40]),
+    "dimension": ([50, 100, 1_000, 10_000, 100_000], [10, 40]),
     "clients": ([10, 100, 1_000, 10_000], [2, 8]),
     "data": ([100_000, 1_000_000, 10_000_000], [400, 1_600]),
 }
@@ -288,20 +290,21 @@ def table(rows: list[dict], fitted: list[dict], info: dict) -> str:
         f"{info['machine']}; every size in its own process. Written by `benchmarks/scale.py`"
         + (" --quick (smoke sizes: the figures say nothing of scale)." if info["quick"] else "."),
         "",
-        "| axis | size | d | clients | N | sampler | wall s | warm-up share | s / iteration | thinning | "
-        "min ESS | s to 1,000 ESS | ESS/s | peak GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| axis | size | d | clients | N | sampler | wall s | set-up share | warm-up share | s / iteration | "
+        "thinning | min ESS | s to 1,000 ESS | ESS/s | peak GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "failed" in r:
             lines.append(
                 f"| {r['axis']} | {r['size']} | {r['dim']} | {r['clients']} | {r['data']} | {r['sampler']} | "
-                f"{r['failed']} | | | | | | | |"
+                f"{r['failed']} | | | | | | | | |"
             )
             continue
         lines.append(
             f"| {r['axis']} | {r['size']} | {r['dim']} | {r['clients']} | {r['data']} | {r['sampler']} | "
-            f"{fmt(r['wall_s'])} | {fmt(r['warmup_share'], 2)} | {fmt(r['seconds_per_iteration'])} | "
+            f"{fmt(r['wall_s'])} | {fmt(r.get('setup_s', float('nan')) / r['wall_s'], 2)} | "
+            f"{fmt(r['warmup_share'], 2)} | {fmt(r['seconds_per_iteration'])} | "
             f"{r.get('thinning', '—')} | {fmt(r['ess'])} | {fmt(r['to_1000_ess_s'])} | "
             f"{fmt(r['ess_per_s'])} | "
             f"{fmt(r['peak_rss_gb'], 2)} |"
@@ -327,6 +330,14 @@ def table(rows: list[dict], fitted: list[dict], info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(out: Path, stem: str, rows: list[dict], info: dict) -> None:
+    """The rows, the info and the fitted exponents, as ``stem.json`` and ``stem.md`` in ``out``."""
+    fitted = fits(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"info": info, "rows": rows, "fits": fitted}, indent=1))
+    (out / f"{stem}.md").write_text(table(rows, fitted, info))
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke sizes, 2 x (30 + 30) draws")
@@ -343,11 +354,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-size", type=int, help="leave out the sizes above this on every axis")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per size and sampler")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", nargs="+", type=Path, help="write one table of these runs' JSON files")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(json.loads(args.one))))
         return []
+    if args.merge:
+        runs = [json.loads(path.read_text()) for path in args.merge]
+        rows = [row for run in runs for row in run["rows"]]
+        write(args.out, "scale", rows, runs[0]["info"])
+        return rows
     args.axes = [a for a in args.axes.split(",") if a]
     args.kernels = [k for k in args.kernels.split(",") if k]
     unknown = [a for a in args.axes if a not in SIZES] + [k for k in args.kernels if k not in KERNELS]
@@ -367,7 +384,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     }  # fmt: skip
     rows = []
     stem = "scale_quick" if quick else "scale"
-    args.out.mkdir(parents=True, exist_ok=True)
     for spec in specs(args):
         rows.append(run_isolated(spec, args.timeout))
         row = rows[-1]
@@ -376,11 +392,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             + (row["failed"] if "failed" in row else f"{row['wall_s']:.1f} s, ESS {row['ess']:.0f}"),
             flush=True,
         )
-        fitted = fits(rows)  # written after every size: a long run keeps what it measured
-        (args.out / f"{stem}.json").write_text(
-            json.dumps({"info": info, "rows": rows, "fits": fitted}, indent=1)
-        )
-        (args.out / f"{stem}.md").write_text(table(rows, fitted, info))
+        write(args.out, stem, rows, info)  # after every size: a long run keeps what it measured
     print(table(rows, fits(rows), info))
     return rows
 

@@ -147,7 +147,7 @@ def fit_surrogates(
         precisions = (hessians + hessians.transpose(-1, -2)) / 2  # symmetric up to rounding: exactly
         shifts = (precisions @ point) - gradients
     else:
-        precisions, _ = adaptation.client_hessians(client_gradients, point, num_clients, network)
+        precisions, _, _ = adaptation.client_hessians(client_gradients, point, num_clients, network)
         shifts = precisions * point - gradients
     return with_totals(precisions.detach(), shifts.detach(), network)
 

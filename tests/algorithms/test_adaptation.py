@@ -114,9 +114,10 @@ def test_mode_hessian_diagonal_and_stiffness_are_exact_on_gaussian_clients():
     distance = float((mode - mean) @ torch.linalg.solve(covariance, mode - mean)) ** 0.5
     assert search.converged and search.decrement <= 0.1 and search.evaluations < 30
     assert distance <= 0.1
-    diagonals, hessian = adaptation.client_hessians(
+    diagonals, hessian, rounds = adaptation.client_hessians(
         pot.full_gradient_fn, mode, pot.num_clients, IN_PROCESS, total=True
     )
+    assert rounds == 3  # each client uploads its 3 x 3 Hessian
     torch.testing.assert_close(diagonals, exact.precisions.diagonal(dim1=-2, dim2=-1), rtol=1e-10, atol=0)
     torch.testing.assert_close(hessian, exact.precisions.sum(0), rtol=1e-10, atol=0)
     for inverse_mass in (
@@ -157,8 +158,8 @@ def test_above_the_exact_dimensions_the_hessian_diagonal_is_estimated_without_bi
         return scales * points + coupled
 
     point = torch.zeros(d, dtype=torch.float64)
-    diagonals, hessian = adaptation.client_hessians(client_gradients, point, 2, InProcessNetwork())
-    assert hessian is None and diagonals.shape == (2, d)
+    diagonals, hessian, rounds = adaptation.client_hessians(client_gradients, point, 2, InProcessNetwork())
+    assert hessian is None and diagonals.shape == (2, d) and rounds == adaptation.DIAGONAL_GROUPS
     # a fixed number of passes, whatever d
     assert len(calls) == adaptation.DIAGONAL_PROBES // adaptation.DIRECTIONS_PER_PASS
     exact = scales + factors.square().sum(-1) / k
@@ -171,8 +172,62 @@ def test_above_the_exact_dimensions_the_hessian_diagonal_is_estimated_without_bi
     # an estimate, not the exact diagonal: its errors have the predicted size (their RMS near 1)
     assert 0.8 < errors.square().mean().sqrt() < 1.2, errors.square().mean().sqrt()
     # and the same probes everywhere: a second call gives the same estimate
-    again, _ = adaptation.client_hessians(client_gradients, point, 2, InProcessNetwork())
+    again, _, _ = adaptation.client_hessians(client_gradients, point, 2, InProcessNetwork())
     assert torch.equal(again, diagonals)
+
+
+@pytest.mark.parametrize("coupling", [0.002, 1.0])
+def test_between_the_thresholds_the_estimate_is_taken_where_accurate_else_the_exact_diagonal(coupling):
+    # above ESTIMATED_DIAGONAL_ABOVE the estimate comes first; weakly coupled (a regression's Hessian,
+    # diagonal-dominant) its relative error is far below DIAGONAL_TOLERANCE and it is kept (8 passes);
+    # strongly coupled (rank-8 factors of unit size, as a network's weights) it is not, and the exact
+    # diagonal follows it (8 + d / 32 passes)
+    d, k = adaptation.ESTIMATED_DIAGONAL_ABOVE + 64, 8
+    g = torch.Generator().manual_seed(1)
+    scales = 1.0 + torch.rand(2, d, generator=g, dtype=torch.float64)
+    factors = coupling * torch.randn(2, d, k, generator=g, dtype=torch.float64)
+    calls = []
+
+    def client_gradients(points):  # [m, 2, d] -> [m, 2, d], H_i x
+        calls.append(points.shape[0])
+        coupled = torch.einsum("idk,mik->mid", factors, torch.einsum("idk,mid->mik", factors, points))
+        return scales * points + coupled
+
+    point = torch.zeros(d, dtype=torch.float64)
+    diagonals, hessian, rounds = adaptation.client_hessians(client_gradients, point, 2, InProcessNetwork())
+    exact = scales + factors.square().sum(-1)
+    probing = adaptation.DIAGONAL_PROBES // adaptation.DIRECTIONS_PER_PASS
+    if coupling < 1:
+        assert len(calls) == probing and rounds == adaptation.DIAGONAL_GROUPS
+        assert not torch.equal(diagonals, exact)
+        # the entries' relative errors: about coupling^2 * sqrt(d k) / sqrt(K), far within the tolerance
+        assert ((diagonals - exact) / exact).abs().max() < adaptation.DIAGONAL_TOLERANCE
+    else:
+        assert len(calls) == probing + math.ceil(d / adaptation.DIRECTIONS_PER_PASS)
+        assert rounds == adaptation.DIAGONAL_GROUPS + 1
+        torch.testing.assert_close(diagonals, exact, rtol=1e-10, atol=0)
+    assert hessian is None
+
+
+@pytest.mark.parametrize("num_clients", [8, 1024])
+def test_the_noise_is_measured_with_fewer_draws_only_where_many_clients_make_it_dear(num_clients):
+    # every client's probe at the typical points, NOISE_DRAWS times: 8 clients of 32 points evaluate 4,096
+    # data, 1,024 clients of 32 evaluate 2^19 per draw, and take as many draws as NOISE_EVALUATIONS allows
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32 * num_clients, 3, generator=g)
+    y = x.sum(-1) + torch.randn(len(x), generator=g)
+    pot = potential_of(x, y, torch.arange(len(x)) % num_clients)
+    probe = adaptation.probe_batch_sizes(pot.all_client_sizes)
+    points = torch.zeros(kernel_warmup.TYPICAL_POINTS, 3)
+    draws = kernel_warmup._minibatch_gradients(pot, 0, probe)(points)
+    per_draw = kernel_warmup.TYPICAL_POINTS * int(probe.sum())
+    expected = kernel_warmup.NOISE_DRAWS
+    if per_draw * expected > kernel_warmup.NOISE_EVALUATIONS:
+        expected = max(kernel_warmup.MIN_NOISE_DRAWS, kernel_warmup.NOISE_EVALUATIONS // per_draw)
+    assert draws.shape == (expected, kernel_warmup.TYPICAL_POINTS, num_clients, 3)
+    assert (expected < kernel_warmup.NOISE_DRAWS) == (num_clients > 256)
+    # independent minibatches: the draws differ
+    assert not torch.equal(draws[0], draws[1])
 
 
 def test_dense_preconditioner_whitens_the_hessian_and_its_condition_number_is_measured():

@@ -429,3 +429,52 @@ def test_diagnostics_print_as_nuts_s_do():
     verdict = kernel.end_of_run_checks["problems"] or "passed"
     assert diagnostics["end-of-run checks"] == {"chain 0": verdict, "chain 1": verdict}
     assert len(kernel.sample_stats(1)["uploaded_bits"]) == 100
+
+
+@pytest.mark.slow
+def test_fald_samples_the_exact_law_with_the_estimated_hessian_diagonal():
+    # d = 320 coordinates, above ESTIMATED_DIAGONAL_ABOVE: a regression's Hessian is diagonal-dominant, so
+    # the warm-up keeps Bekas's estimate (its groups' rounds are counted, and it differs from the exact
+    # diagonal). At comm_prob = 1 with full local batches FALD's average is preconditioned ULA with
+    # h = step / b: on a Gaussian its stationary law is exact, the mode as mean and, in the coordinates
+    # whitened by the preconditioner R (A = R H R), the covariance (A - h A^2 / 2)^-1
+    from pyro_fed.algorithms import adaptation
+
+    d, n, b = adaptation.ESTIMATED_DIAGONAL_ABOVE + 64, 4000, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(
+        0.8, 1.25, d, dtype=torch.float64
+    )
+    y = x @ (0.1 * torch.randn(d, generator=g, dtype=torch.float64)) + NOISE_SD * torch.randn(
+        n, generator=g, dtype=torch.float64
+    )
+    clients = torch.arange(n) % b
+    exact = regression_clients(x, y, clients, NOISE_SD, prior_weights=torch.full((b,), 1.0 / b))
+    pyro.set_rng_seed(0)
+    kernel = FaldKernel(gaussian_regression(NOISE_SD), clients, prior_weights="uniform")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the end-of-run checks' verdict is this test's
+        mcmc = run(kernel, (x, y), num_samples=500, warmup=200, num_chains=2)
+    chosen = kernel.adaptation
+    hessian = exact.precisions.sum(0)
+    assert chosen.preconditioner.dim() == 1
+    assert not torch.allclose(chosen.curvature, hessian.diagonal(), rtol=1e-6)  # estimated...
+    # ...within 5 of the standard errors it accepts (DIAGONAL_TOLERANCE, relative) of the exact diagonal
+    relative = (chosen.curvature - hessian.diagonal()) / hessian.diagonal()
+    assert relative.abs().max() < 5 * adaptation.DIAGONAL_TOLERANCE
+    mean, _ = exact.posterior()
+    precision = hessian
+    root = chosen.preconditioner.sqrt()
+    whitened = root[:, None] * precision * root[None, :]
+    h = chosen.step_size / b
+    covariance = root[:, None] * torch.linalg.inv(whitened - h * whitened @ whitened / 2) * root[None, :]
+    draws = mcmc.get_samples(group_by_chain=True)["w"].numpy()
+    ess = torch.as_tensor(
+        [float(az.ess(draws[..., j], method="bulk")) for j in range(d)], dtype=torch.float64
+    )
+    flat = torch.as_tensor(draws.reshape(-1, d))
+    sd = covariance.diagonal().sqrt()
+    # 5 standard errors per coordinate (a false alarm has probability about 2e-4 over the 320 means); the
+    # variance's standard error for nearly Gaussian draws is var * sqrt(2 / ESS)
+    assert ((flat.mean(0) - mean).abs() <= 5 * sd / ess.sqrt()).all()
+    assert ((flat.var(0) - sd.square()).abs() <= 5 * sd.square() * (2 / ess).sqrt()).all()
