@@ -37,7 +37,8 @@ from ..data.partition import pad_indices
 from .sites import ModelSites, error_reason
 from .unconstrained import UnconstrainedSpace
 
-# full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d)
+# full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d),
+# minibatch gradients their rows in groups of at most this many per-datum entries (rows * n * d)
 _CHUNK_ELEMENTS = 2**24
 #: data per block of the full gradients, at most
 _BLOCK_SIZE = 64
@@ -173,10 +174,26 @@ class ClientGradients:
 
     def _batched(self, function: Callable) -> Callable:
         """``function`` over rows: vectorised with :func:`torch.func.vmap`, or one row at a time for a model
-        that cannot be vectorised (see :meth:`check_vectorizable`)."""
-        if self.vectorized:
-            return torch.func.vmap(function)
-        return lambda *rows: torch.stack([function(*row) for row in zip(*rows, strict=True)])
+        that cannot be vectorised (see :meth:`check_vectorizable`).
+
+        Vectorised, the rows go in groups of at most ``_CHUNK_ELEMENTS / (n d)`` (``n`` data of ``d``
+        coordinates each): the model's per-datum terms (the data it reads, its activations) of all the rows
+        evaluated at once stay within ``_CHUNK_ELEMENTS`` entries times a model's constant, however many
+        chains and clients (and however large their minibatches) there are. Below the bound it is one call,
+        as without groups."""
+        if not self.vectorized:
+            return lambda *rows: torch.stack([function(*row) for row in zip(*rows, strict=True)])
+        vectorised = torch.func.vmap(function)
+
+        def grouped(points, indices, *rows):
+            group = max(1, _CHUNK_ELEMENTS // (indices.shape[-1] * points.shape[-1]))
+            if points.shape[0] <= group:
+                return vectorised(points, indices, *rows)
+            arguments = (points, indices, *rows)
+            starts = range(0, points.shape[0], group)
+            return torch.cat([vectorised(*(a[s : s + group] for a in arguments)) for s in starts])
+
+        return grouped
 
     def check_vectorizable(self, point: torch.Tensor) -> None:
         """Try the gradient on one evaluation at ``point`` (a model that cannot be differentiated, computing

@@ -88,6 +88,43 @@ def test_full_gradients_evaluate_each_datum_once():
     assert full.rows == num_blocks * block <= len(CLIENTS) + 3 * (block - 1)
 
 
+class _LargestTensor(TorchDispatchMode):
+    """The most entries of any tensor an operation makes (inside :func:`torch.func.vmap`: its whole batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def test_minibatch_gradients_bound_their_largest_tensor(monkeypatch):
+    """64 chains x 3 clients, minibatches of 8 points of 4 coordinates: all rows at once make tensors of
+    ``rows * n * d`` entries (the rows' data, read through the plate); in groups of at most
+    ``_CHUNK_ELEMENTS / (n d)`` rows no operation makes more than ``_CHUNK_ELEMENTS`` entries, but the
+    arguments and the result themselves (``rows * n`` indices, ``rows * d`` gradients), and the gradients
+    are the same."""
+    pot = _regression()
+    points = torch.randn(64, 3, pot.dim, generator=torch.Generator().manual_seed(2))
+    batches = pot.batches([ix[:8] for ix in pot.client_indices])
+    rows, n, d = 64 * 3, 8, pot.dim
+    with _LargestTensor() as whole:
+        expected = pot.minibatch_gradients(points, *batches)
+    bound = n * d * 10  # groups of 10 rows
+    own = rows * max(n, d)  # the arguments and the result: each row's n indices and weights, d gradients
+    assert whole.largest >= rows * n * 3 > max(bound, own)  # the rows' data (3 features), at once
+    monkeypatch.setattr(pyro_fed.model.gradients, "_CHUNK_ELEMENTS", bound)
+    with _LargestTensor() as grouped:
+        grads = pot.minibatch_gradients(points, *batches)
+    assert grouped.largest <= max(bound, own) < whole.largest
+    torch.testing.assert_close(grads, expected, rtol=1e-12, atol=1e-12)
+
+
 # --------------------------------------------- validation off per site
 class _BayesianNet(PyroModule):
     def __init__(self, num_features, num_hidden):
