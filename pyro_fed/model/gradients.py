@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import messages
 from ..data.partition import pad_indices
@@ -113,6 +114,9 @@ class ClientGradients:
         self.num_clients = len(client_indices)
         #: whether the model is evaluated for all clients at once (see :meth:`check_vectorizable`)
         self.vectorized = True
+        #: entries the gradient's operations make per datum, measured by :meth:`check_vectorizable` (until
+        #: then, the dimension); the minibatch gradients' rows are grouped by it (see :meth:`_batched`)
+        self.datum_entries = space.dim
         device = prior_weights.device
         sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
         # The full gradients run on blocks of up to B data of one client each, not on clients padded to
@@ -176,9 +180,9 @@ class ClientGradients:
         """``function`` over rows: vectorised with :func:`torch.func.vmap`, or one row at a time for a model
         that cannot be vectorised (see :meth:`check_vectorizable`).
 
-        Vectorised, the rows go in groups of at most ``_CHUNK_ELEMENTS / (n d)`` (``n`` data of ``d``
-        coordinates each): the model's per-datum terms (the data it reads, its activations) of all the rows
-        evaluated at once stay within ``_CHUNK_ELEMENTS`` entries times a model's constant, however many
+        Vectorised, the rows go in groups of at most ``_CHUNK_ELEMENTS / (n e)`` for ``n`` data per row and
+        :attr:`datum_entries` ``e``: the model's per-datum terms (the data it reads, its activations, their
+        gradients) of the rows evaluated at once stay within ``_CHUNK_ELEMENTS`` entries, however many
         chains and clients (and however large their minibatches) there are. Below the bound it is one call,
         as without groups."""
         if not self.vectorized:
@@ -186,7 +190,7 @@ class ClientGradients:
         vectorised = torch.func.vmap(function)
 
         def grouped(points, indices, *rows):
-            group = max(1, _CHUNK_ELEMENTS // (indices.shape[-1] * points.shape[-1]))
+            group = max(1, _CHUNK_ELEMENTS // (indices.shape[-1] * self.datum_entries))
             if points.shape[0] <= group:
                 return vectorised(points, indices, *rows)
             arguments = (points, indices, *rows)
@@ -197,12 +201,20 @@ class ClientGradients:
 
     def check_vectorizable(self, point: torch.Tensor) -> None:
         """Try the gradient on one evaluation at ``point`` (a model that cannot be differentiated, computing
-        with a NumPy copy of a parameter, is refused), then vectorised on two; where :func:`torch.func.vmap`
-        cannot batch the model, switch to one evaluation at a time and say why and what it costs."""
+        with a NumPy copy of a parameter, is refused) and measure its :attr:`datum_entries` (the entries its
+        operations make at two data less those at one), then try it vectorised on two; where
+        :func:`torch.func.vmap` cannot batch the model, switch to one evaluation at a time and say why and
+        what it costs."""
         indices = self._block_index[:1, :1].expand(2, 1)
         ones = torch.ones(2, 1, dtype=point.dtype, device=point.device)
+        gradient = torch.func.grad(self.client_potential)
         try:  # one evaluation first: a model that cannot be differentiated at all is refused
-            torch.func.grad(self.client_potential)(point, indices[0], ones[0], ones[0, 0])
+            made = []
+            for n in (1, 2):
+                with _EntriesMade() as entries:
+                    gradient(point, indices[0].expand(n), ones[0].expand(n), ones[0, 0])
+                made.append(entries.count)
+            self.datum_entries = max(1, made[1] - made[0])
         except RuntimeError as error:
             raise ValueError(
                 f"The model's gradient cannot be taken (torch.func.grad: {error_reason(error)}). A model "
@@ -210,7 +222,7 @@ class ClientGradients:
                 "gradient-based sampler: write those steps with torch operations."
             ) from error
         try:
-            torch.func.vmap(torch.func.grad(self.client_potential))(
+            torch.func.vmap(gradient)(
                 point.expand(2, -1),
                 indices,
                 ones,
@@ -270,3 +282,18 @@ class ClientGradients:
             ).transpose(0, 1)  # [m, c, ...]
             total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
         return total
+
+
+class _EntriesMade(TorchDispatchMode):
+    """Counts the entries of the tensors that operations make (of a gradient: its forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.count += tensor.numel()
+        return out

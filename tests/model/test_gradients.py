@@ -104,25 +104,27 @@ class _LargestTensor(TorchDispatchMode):
 
 
 def test_minibatch_gradients_bound_their_largest_tensor(monkeypatch):
-    """64 chains x 3 clients, minibatches of 8 points of 4 coordinates: all rows at once make tensors of
-    ``rows * n * d`` entries (the rows' data, read through the plate); in groups of at most
-    ``_CHUNK_ELEMENTS / (n d)`` rows no operation makes more than ``_CHUNK_ELEMENTS`` entries, but the
-    arguments and the result themselves (``rows * n`` indices, ``rows * d`` gradients), and the gradients
-    are the same."""
+    """64 chains x 3 clients, minibatches of 8 points of 3 features: all rows at once make tensors of
+    ``rows * n * 3`` entries (the rows' data, read through the plate); in groups of at most
+    ``_CHUNK_ELEMENTS / (n e)`` rows (``e`` the entries the gradient makes per datum, measured) no operation
+    makes more than ``_CHUNK_ELEMENTS`` entries, but the arguments and the result themselves (``rows * n``
+    indices, ``rows * d`` gradients), and the gradients are the same to the bit."""
     pot = _regression()
+    entries = pot.gradients.datum_entries
+    assert entries >= 3  # at least the datum's features are read
     points = torch.randn(64, 3, pot.dim, generator=torch.Generator().manual_seed(2))
     batches = pot.batches([ix[:8] for ix in pot.client_indices])
     rows, n, d = 64 * 3, 8, pot.dim
     with _LargestTensor() as whole:
         expected = pot.minibatch_gradients(points, *batches)
-    bound = n * d * 10  # groups of 10 rows
+    bound = n * entries * 10  # groups of 10 rows
     own = rows * max(n, d)  # the arguments and the result: each row's n indices and weights, d gradients
     assert whole.largest >= rows * n * 3 > max(bound, own)  # the rows' data (3 features), at once
     monkeypatch.setattr(pyro_fed.model.gradients, "_CHUNK_ELEMENTS", bound)
     with _LargestTensor() as grouped:
         grads = pot.minibatch_gradients(points, *batches)
     assert grouped.largest <= max(bound, own) < whole.largest
-    torch.testing.assert_close(grads, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(grads, expected)
 
 
 # --------------------------------------------- validation off per site
