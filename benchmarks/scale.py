@@ -206,7 +206,7 @@ def specs(args) -> list[dict]:
     out, pooled = [], set()
     for axis in args.axes:
         for size in SIZES[axis][1 if args.quick else 0]:
-            if args.max_size is not None and size > args.max_size:
+            if (args.max_size is not None and size > args.max_size) or size < args.min_size:
                 continue
             spec = {
                 "axis": axis, "size": size, "chains": args.chains, "warmup": args.warmup,
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--mlp-above", type=int, default=1_000, help="the network above this dimension")
     parser.add_argument("--nuts-limit", type=float, default=2e7, help="NUTS where d * N is at most this")
     parser.add_argument("--max-size", type=int, help="leave out the sizes above this on every axis")
+    parser.add_argument("--min-size", type=int, default=0, help="leave out the sizes below this")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per size and sampler")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--merge", nargs="+", type=Path, help="write one table of these runs' JSON files")

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import messages
 from ..data.partition import pad_indices
@@ -114,8 +113,8 @@ class ClientGradients:
         self.num_clients = len(client_indices)
         #: whether the model is evaluated for all clients at once (see :meth:`check_vectorizable`)
         self.vectorized = True
-        #: entries the gradient's operations make per datum, measured by :meth:`check_vectorizable` (until
-        #: then, the dimension); the minibatch gradients' rows are grouped by it (see :meth:`_batched`)
+        #: entries a gradient holds per datum, measured by :meth:`check_vectorizable` (until then, the
+        #: dimension); the minibatch gradients' rows are grouped by it (see :meth:`_batched`)
         self.datum_entries = space.dim
         device = prior_weights.device
         sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
@@ -135,8 +134,7 @@ class ClientGradients:
         self._block_client = torch.repeat_interleave(
             torch.arange(self.num_clients, device=device), blocks_per_client
         )
-        # each datum carries its client's prior share varpi^i / N_i: client i's N_i data sum to varpi^i U^0
-        self._block_prior_weight = (prior_weights / sizes)[self._block_client] * self._block_weights.sum(1)
+        self._prior_weights = prior_weights
 
     def client_potential(
         self, flat: torch.Tensor, indices: torch.Tensor, datum_weights: torch.Tensor, prior_weight
@@ -145,11 +143,19 @@ class ClientGradients:
         data ``indices`` (``[n]``) with weights ``datum_weights`` (``[n]``); a scalar."""
         values, log_det = self.space.constrained(flat)
         trace = self.sites.run(values, indices)
-        log_lik = sum(
-            self.sites.datum_log_prob(trace, name, indices.shape[0]) for name in self.sites.likelihood_sites
-        )
         prior = self.sites.global_log_density(trace, values) + log_det
-        return -(prior_weight * prior + (datum_weights * log_lik).sum())
+        return -prior_weight * prior - self._log_likelihood(trace, indices, datum_weights)
+
+    def client_likelihood(self, flat: torch.Tensor, indices: torch.Tensor, datum_weights: torch.Tensor):
+        r""":math:`-\sum_j w_j \log p(y_{k_j} | x)` alone (:meth:`client_potential` without its prior)."""
+        values, _ = self.space.constrained(flat)
+        return -self._log_likelihood(self.sites.run(values, indices), indices, datum_weights)
+
+    def _log_likelihood(self, trace, indices: torch.Tensor, datum_weights: torch.Tensor) -> torch.Tensor:
+        r""":math:`\sum_j w_j \log p(y_{k_j} | x)` of a model's ``trace`` on the data ``indices``."""
+        n = indices.shape[0]
+        log_lik = sum(self.sites.datum_log_prob(trace, name, n) for name in self.sites.likelihood_sites)
+        return (datum_weights * log_lik).sum()
 
     def potential_fn(
         self,
@@ -202,25 +208,22 @@ class ClientGradients:
     def check_vectorizable(self, point: torch.Tensor) -> None:
         """Try the gradient on one evaluation at ``point`` (a model that cannot be differentiated, computing
         with a NumPy copy of a parameter, is refused) and measure its :attr:`datum_entries` (the entries its
-        operations make at two data less those at one), then try it vectorised on two; where
-        :func:`torch.func.vmap` cannot batch the model, switch to one evaluation at a time and say why and
-        what it costs."""
+        forward pass keeps for the backward at two data less those at one), then try it vectorised on two;
+        where :func:`torch.func.vmap` cannot batch the model, switch to one evaluation at a time and say why
+        and what it costs."""
         indices = self._block_index[:1, :1].expand(2, 1)
         ones = torch.ones(2, 1, dtype=point.dtype, device=point.device)
         gradient = torch.func.grad(self.client_potential)
         try:  # one evaluation first: a model that cannot be differentiated at all is refused
-            made = []
-            for n in (1, 2):
-                with _EntriesMade() as entries:
-                    gradient(point, indices[0].expand(n), ones[0].expand(n), ones[0, 0])
-                made.append(entries.count)
-            self.datum_entries = max(1, made[1] - made[0])
+            gradient(point, indices[0], ones[0], ones[0, 0])
         except RuntimeError as error:
             raise ValueError(
                 f"The model's gradient cannot be taken (torch.func.grad: {error_reason(error)}). A model "
                 "that computes with a NumPy copy of a parameter's value cannot be differentiated, by any "
                 "gradient-based sampler: write those steps with torch operations."
             ) from error
+        saved = [self._saved_entries(point, indices[0].expand(n), ones[0].expand(n)) for n in (1, 2)]
+        self.datum_entries = max(1, saved[1] - saved[0])
         try:
             torch.func.vmap(gradient)(
                 point.expand(2, -1),
@@ -239,61 +242,70 @@ class ClientGradients:
                 "torch.stack).",
             )
 
+    def _saved_entries(self, point: torch.Tensor, indices: torch.Tensor, datum_weights: torch.Tensor) -> int:
+        """The entries of the tensors that :meth:`client_potential`'s forward pass at ``point`` on the data
+        ``indices`` keeps for its backward pass (by autograd's saved-tensor hooks, which
+        :func:`torch.func.grad` does not run): what a gradient holds at once."""
+        count = [0]
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            count[0] += tensor.numel()
+            return tensor
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            self.client_potential(point.detach().requires_grad_(), indices, datum_weights, datum_weights[0])
+        return count[0]
+
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
-        """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
+        """Every client's full local gradient :math:`\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
         (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``. Costs one full-data gradient per ``m``."""
-        return self._sum_over_data(torch.func.grad(self.client_potential), points)
+        gradient = torch.func.grad
+        return self._sum_over_data(gradient(self.client_likelihood), gradient(self.client_potential), points)
 
     def full_potential_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local potential :math:`U^i(x_i)`: ``points [m, b, d]`` -> ``[m, b]``."""
-        return self._sum_over_data(self.client_potential, points)
+        return self._sum_over_data(self.client_likelihood, self.client_potential, points)
 
-    def _sum_over_data(self, function: Callable, points: torch.Tensor) -> torch.Tensor:
-        """Sum ``function`` (:meth:`client_potential` or its gradient) over each client's data blocks, every
-        datum evaluated once at each of its client's ``m`` points, with weight 1 and prior weight
-        :math:`\\varpi^i/N_i`. Vectorised over the blocks and, inside, over the ``m`` points, so that each
-        block's data are read from the data tensors once for all ``m`` points (an index into them, under
-        :func:`torch.func.vmap`, copies what it reads: reading them per point cost most of the time)."""
+    def _sum_over_data(self, likelihood: Callable, potential: Callable, points: torch.Tensor) -> torch.Tensor:
+        """Each client's prior share :math:`\varpi^i U^0` (``potential`` with no datum), once per point,
+        plus ``likelihood`` (:meth:`client_likelihood` or its gradient) summed over the client's data blocks,
+        every datum evaluated once at each of its client's ``m`` points. Vectorised over the blocks and,
+        inside, over the ``m`` points, so that each block's data are read from the data tensors once for all
+        ``m`` points (an index into them, under :func:`torch.func.vmap`, copies what it reads: reading them
+        per point cost most of the time). The blocks leave the prior out: evaluated with each of them (as
+        :math:`\varpi^i / N_i` per datum), it cost a network of :math:`10^4` weights more than half of its
+        gradient's time."""
         m, b, d = points.shape
         num_blocks, block = self._block_index.shape
+        rows = m * b
+        prior = self._batched(potential)(
+            points.reshape(rows, d),
+            self._block_index[:1, :1].expand(rows, 1),  # a datum of weight 0: the prior alone
+            points.new_zeros(rows, 1),
+            self._prior_weights.repeat(m),
+        )
+        # in the points' dtype: a model may compute its prior in the default dtype, not the data's
+        total = prior.reshape(m, b, *prior.shape[1:]).to(points.dtype)
         if self.vectorized:
-            over_points = torch.func.vmap(function, in_dims=(0, None, None, None))
-            per_block = torch.func.vmap(over_points)
+            per_block = torch.func.vmap(torch.func.vmap(likelihood, in_dims=(0, None, None)))
         else:  # one evaluation at a time (see check_vectorizable)
 
             def per_block(block_points, *rows):
                 return torch.stack(
                     [
-                        torch.stack([function(p, *row) for p in ps])
+                        torch.stack([likelihood(p, *row) for p in ps])
                         for ps, *row in zip(block_points, *rows, strict=True)
                     ]
                 )
 
         # chunks bound the memory of the per-block terms (a traced graph unrolls this loop)
         chunk = max(1, _CHUNK_ELEMENTS // (m * d * block))
-        total = 0
         for start in range(0, num_blocks, chunk):
             clients = self._block_client[start : start + chunk]
             terms = per_block(
                 points[:, clients].transpose(0, 1),  # [c, m, d]: each block's client's m points
                 self._block_index[start : start + chunk],
                 self._block_weights[start : start + chunk],
-                self._block_prior_weight[start : start + chunk],
             ).transpose(0, 1)  # [m, c, ...]
-            total = total + terms.new_zeros(m, b, *terms.shape[2:]).index_add(1, clients, terms)
+            total = total.index_add(1, clients, terms)
         return total
-
-
-class _EntriesMade(TorchDispatchMode):
-    """Counts the entries of the tensors that operations make (of a gradient: its forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(tensor, torch.Tensor):
-                self.count += tensor.numel()
-        return out
