@@ -94,3 +94,43 @@ def test_the_warm_up_refines_a_search_stopped_short_and_warns_when_it_cannot(mon
         MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True).run(x, y)
     assert kernel.adaptation.mode_decrement > mode_search.MODE_WARNING
     assert any("the warm-up did not reach the mode" in str(w.message) for w in record)
+
+
+@pytest.mark.parametrize("offset, measures", [(0.5, 1), (3.0, 2)])
+def test_above_the_estimated_diagonal_a_short_refinement_keeps_the_curvature(offset, measures, monkeypatch):
+    """d = 300 > ESTIMATED_DIAGONAL_ABOVE: a first search that stops ``offset`` posterior sds from the mode
+    (the exact one, of a conjugate regression) is refined to it; the curvature is measured again only where
+    the refinement moved more than a posterior sd, and the mode is reached either way."""
+    dim, noise = 300, 1.0
+    assert dim > warmup.adaptation.ESTIMATED_DIAGONAL_ABOVE
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, dim, generator=g)
+    y = x @ torch.randn(dim, generator=g) / dim**0.5 + noise * torch.randn(2000, generator=g)
+    pot = FederatedPotential(gaussian_regression(noise), (x, y), clients=torch.arange(2000) % 4)
+    precision = torch.eye(dim) + x.T @ x / noise**2
+    covariance = torch.linalg.inv(precision)
+    mean = covariance @ x.T @ y / noise**2
+    # the first search stops offset sds away along a random direction; the others run as written
+    direction = torch.randn(dim, generator=g)
+    stopped = mean + offset * covariance.diagonal().sqrt() * direction / direction.norm()
+    searches, measured_at = [], []
+    find_mode, preconditioner = warmup.find_mode, warmup._preconditioner
+
+    def first_stopped_short(pot, start, **options):
+        if not searches:
+            searches.append(mode_search.ModeSearch(stopped, pot.gradient(stopped), 1, float("nan"), False))
+        else:
+            searches.append(find_mode(pot, start, **options))
+        return searches[-1]
+
+    def recorded(pot, search, *args):
+        measured_at.append(search.point)
+        return preconditioner(pot, search, *args)
+
+    monkeypatch.setattr(warmup, "find_mode", first_stopped_short)
+    monkeypatch.setattr(warmup, "_preconditioner", recorded)
+    mode, *_, decrement, _ = warmup._mode_and_preconditioner(pot, torch.zeros(dim), None, "auto")
+    assert len(searches) == 2 and len(measured_at) == measures
+    assert decrement <= mode_search.MODE_TOLERANCE
+    error = mode - mean
+    assert float(error @ precision @ error) ** 0.5 <= mode_search.MODE_TOLERANCE  # in posterior sds
