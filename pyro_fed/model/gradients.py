@@ -114,7 +114,7 @@ class ClientGradients:
         #: whether the model is evaluated for all clients at once (see :meth:`check_vectorizable`)
         self.vectorized = True
         #: entries a gradient holds per datum, measured by :meth:`check_vectorizable` (until then, the
-        #: dimension); the minibatch gradients' rows are grouped by it (see :meth:`_batched`)
+        #: dimension); the minibatch gradients' rows are grouped by it
         self.datum_entries = space.dim
         device = prior_weights.device
         sizes = torch.tensor([len(ix) for ix in client_indices], device=device)
@@ -257,7 +257,7 @@ class ClientGradients:
         return count[0]
 
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
-        """Every client's full local gradient :math:`\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
+        """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
         (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``. Costs one full-data gradient per ``m``."""
         gradient = torch.func.grad
         return self._sum_over_data(gradient(self.client_likelihood), gradient(self.client_potential), points)
@@ -267,13 +267,13 @@ class ClientGradients:
         return self._sum_over_data(self.client_likelihood, self.client_potential, points)
 
     def _sum_over_data(self, likelihood: Callable, potential: Callable, points: torch.Tensor) -> torch.Tensor:
-        """Each client's prior share :math:`\varpi^i U^0` (``potential`` with no datum), once per point,
+        """Each client's prior share :math:`\\varpi^i U^0` (``potential`` with no datum), once per point,
         plus ``likelihood`` (:meth:`client_likelihood` or its gradient) summed over the client's data blocks,
         every datum evaluated once at each of its client's ``m`` points. Vectorised over the blocks and,
         inside, over the ``m`` points, so that each block's data are read from the data tensors once for all
         ``m`` points (an index into them, under :func:`torch.func.vmap`, copies what it reads: reading them
         per point cost most of the time). The blocks leave the prior out: evaluated with each of them (as
-        :math:`\varpi^i / N_i` per datum), it cost a network of :math:`10^4` weights more than half of its
+        :math:`\\varpi^i / N_i` per datum), it cost a network of :math:`10^4` weights more than half of its
         gradient's time."""
         m, b, d = points.shape
         num_blocks, block = self._block_index.shape
