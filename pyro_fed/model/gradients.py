@@ -38,7 +38,7 @@ from .sites import ModelSites, error_reason
 from .unconstrained import UnconstrainedSpace
 
 # full gradients evaluate the data in chunks of at most this many per-datum gradient entries (m * chunk * d),
-# minibatch gradients their rows in groups of at most this many per-datum entries (rows * n * d)
+# minibatch gradients their rows in groups of at most this many per-datum entries (rows * n * datum_entries)
 _CHUNK_ELEMENTS = 2**24
 #: data per block of the full gradients, at most
 _BLOCK_SIZE = 64
@@ -222,8 +222,13 @@ class ClientGradients:
                 "that computes with a NumPy copy of a parameter's value cannot be differentiated, by any "
                 "gradient-based sampler: write those steps with torch operations."
             ) from error
-        saved = [self._saved_entries(point, indices[0].expand(n), ones[0].expand(n)) for n in (1, 2)]
-        self.datum_entries = max(1, saved[1] - saved[0])
+        try:
+            saved = [self._saved_entries(point, indices[0].expand(n), ones[0].expand(n)) for n in (1, 2)]
+            self.datum_entries = max(1, saved[1] - saved[0])
+        except RuntimeError:
+            # plain autograd refuses what torch.func.grad takes (a Bernoulli of integer labels): the rows
+            # are then grouped by the dimension, a bound as safe and less tight
+            pass
         try:
             torch.func.vmap(gradient)(
                 point.expand(2, -1),
