@@ -261,34 +261,37 @@ class ClientGradients:
             self.client_potential(point.detach().requires_grad_(), indices, datum_weights, datum_weights[0])
         return count[0]
 
+    def prior_share(
+        self, points: torch.Tensor, prior_weights: torch.Tensor, *, gradient: bool
+    ) -> torch.Tensor:
+        """:math:`\\varpi U^0` (``[m]``), or its gradient (``[m, d]``), at ``m`` points ``[m, d]`` with the
+        prior weights ``[m]``: :meth:`client_potential` on one datum of weight 0."""
+        m = points.shape[0]
+        index = torch.zeros(m, 1, dtype=torch.long, device=points.device)
+        arguments = (points, index, points.new_zeros(m, 1), prior_weights)
+        return (self.gradient_fn if gradient else self.potential_fn)(*arguments)
+
     def full_gradient_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local gradient :math:`\\nabla U^i(x_i)` at its own point: ``points [m, b, d]``
         (client ``i`` at ``points[:, i]``) -> ``[m, b, d]``. Costs one full-data gradient per ``m``."""
-        gradient = torch.func.grad
-        return self._sum_over_data(gradient(self.client_likelihood), gradient(self.client_potential), points)
+        return self._sum_over_data(torch.func.grad(self.client_likelihood), points, gradient=True)
 
     def full_potential_fn(self, points: torch.Tensor) -> torch.Tensor:
         """Every client's full local potential :math:`U^i(x_i)`: ``points [m, b, d]`` -> ``[m, b]``."""
-        return self._sum_over_data(self.client_likelihood, self.client_potential, points)
+        return self._sum_over_data(self.client_likelihood, points, gradient=False)
 
-    def _sum_over_data(self, likelihood: Callable, potential: Callable, points: torch.Tensor) -> torch.Tensor:
-        """Each client's prior share :math:`\\varpi^i U^0` (``potential`` with no datum), once per point,
-        plus ``likelihood`` (:meth:`client_likelihood` or its gradient) summed over the client's data blocks,
-        every datum evaluated once at each of its client's ``m`` points. Vectorised over the blocks and,
-        inside, over the ``m`` points, so that each block's data are read from the data tensors once for all
-        ``m`` points (an index into them, under :func:`torch.func.vmap`, copies what it reads: reading them
-        per point cost most of the time). The blocks leave the prior out: evaluated with each of them (as
-        :math:`\\varpi^i / N_i` per datum), it cost a network of :math:`10^4` weights more than half of its
-        gradient's time."""
+    def _sum_over_data(self, likelihood: Callable, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
+        """Each client's prior share :math:`\\varpi^i U^0` (:meth:`prior_share`, or its ``gradient``), once
+        per point, plus ``likelihood`` (:meth:`client_likelihood` or its gradient) summed over the client's
+        data blocks, every datum evaluated once at each of its client's ``m`` points. Vectorised over the
+        blocks and, inside, over the ``m`` points, so that each block's data are read from the data tensors
+        once for all ``m`` points (an index into them, under :func:`torch.func.vmap`, copies what it reads:
+        reading them per point cost most of the time). The blocks leave the prior out: evaluated with each
+        of them (as :math:`\\varpi^i / N_i` per datum), it cost a network of :math:`10^4` weights more than
+        half of its gradient's time."""
         m, b, d = points.shape
         num_blocks, block = self._block_index.shape
-        rows = m * b
-        prior = self._batched(potential)(
-            points.reshape(rows, d),
-            self._block_index[:1, :1].expand(rows, 1),  # a datum of weight 0: the prior alone
-            points.new_zeros(rows, 1),
-            self._prior_weights.repeat(m),
-        )
+        prior = self.prior_share(points.reshape(m * b, d), self._prior_weights.repeat(m), gradient=gradient)
         # in the points' dtype: a model may compute its prior in the default dtype, not the data's
         total = prior.reshape(m, b, *prior.shape[1:]).to(points.dtype)
         if self.vectorized:

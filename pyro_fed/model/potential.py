@@ -310,11 +310,7 @@ class FederatedPotential:
     def prior(self, points: torch.Tensor, *, gradient: bool) -> torch.Tensor:
         """:math:`U^0`, the whole prior with the transforms' Jacobian, at ``m`` points ``[m, d]`` (``[m]``),
         or its gradient (``[m, d]``), whoever holds it."""
-        m = points.shape[0]
-        # the client potential with no datum (weight 0) and the whole prior (weight 1)
-        index = torch.zeros(m, 1, dtype=torch.long, device=points.device)
-        args = (points, index, points.new_zeros(m, 1), points.new_ones(m))
-        return (self.gradients.gradient_fn if gradient else self.gradients.potential_fn)(*args)
+        return self.gradients.prior_share(points, points.new_ones(points.shape[0]), gradient=gradient)
 
     def _client_points(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
         """Points as ``[m, b, d]``, and the ``[..., b, d]`` shape of the results."""
